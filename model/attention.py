@@ -1,0 +1,62 @@
+"""Causal self-attention with n_heads query heads and n_kv_heads key/value heads.
+
+    x: [B, T, d]  ->  q: [B, H, T, D],  k, v: [B, H_kv, T, D]    (D = d / H, H_kv divides H)
+    attn(q, k, v) = softmax(q k^T / sqrt(D) + causal_mask) v      -> [B, H, T, D] -> [B, T, d] Wo
+
+MHA: H_kv = H.  GQA: 1 < H_kv < H, each K/V head serves a group of H / H_kv query heads.
+MQA: H_kv = 1.  Fewer K/V heads mean fewer K/V parameters and a KV cache H / H_kv times smaller.
+The K/V heads are shared through scaled_dot_product_attention(enable_gqa=True), which
+broadcasts them instead of materialising H copies.
+
+With RoPE, q and k are rotated by their absolute positions before the dot product. With a
+KV cache, the new tokens start at absolute position `start` and attend to every cached one.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.kv_cache import KVCache
+from model.positions import Rotary
+
+
+class Attention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
+                 rotary: Rotary | None, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.layer = layer  # index into the KV cache
+        # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv].
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.rotary = rotary
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        D = self.head_dim
+        q, k, v = self.qkv(x).split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D], dim=-1)
+        q = q.view(B, T, self.n_heads, D).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_heads, D).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_heads, D).transpose(1, 2)
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
+        if cache is not None:
+            k, v = cache.update(self.layer, start, k, v)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=causal_mask(T, k.shape[2], x.device),
+            is_causal=(T > 1 and k.shape[2] == T),
+            dropout_p=self.dropout if self.training else 0.0,
+            enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor | None:
+    """Bool mask for queries that are the last n_queries of n_keys positions, or None where
+    sdpa's own is_causal (n_queries == n_keys) or no mask at all (one query sees every key) is exact."""
+    if n_queries == 1 or n_queries == n_keys:
+        return None
+    offset = n_keys - n_queries
+    keys = torch.arange(n_keys, device=device)
+    queries = torch.arange(offset, n_keys, device=device)
+    return keys[None, :] <= queries[:, None]

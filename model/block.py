@@ -1,0 +1,37 @@
+"""One Transformer block: attention then FFN, each wrapped in a residual and a norm.
+
+Pre-Norm (LLaMA, GPT-2):   x = x + Attn(Norm1(x));  x = x + FFN(Norm2(x))
+Post-Norm (2017):          x = Norm1(x + Attn(x));  x = Norm2(x + FFN(x))
+x: [batch, seq, d_model] throughout.
+
+Pre-Norm leaves an identity path from the loss to every layer, so gradients reach the first
+block undiminished; Post-Norm normalises the residual stream itself, which scales them down
+with depth and is why it needs a learning-rate warm-up.
+"""
+import torch
+from torch import nn
+
+from model.attention import Attention
+from model.config import ModelConfig
+from model.ffn import FeedForward
+from model.kv_cache import KVCache
+from model.norms import make_norm
+from model.positions import Rotary
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, rotary: Rotary | None):
+        super().__init__()
+        self.pre_norm = cfg.norm_position == "pre"
+        self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, layer)
+        self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.dropout(self.attn(self.attn_norm(x), start, cache))
+            return x + self.dropout(self.ffn(self.ffn_norm(x)))
+        x = self.attn_norm(x + self.dropout(self.attn(x, start, cache)))
+        return self.ffn_norm(x + self.dropout(self.ffn(x)))

@@ -1,0 +1,90 @@
+"""ModelConfig: the plain-data description of one model, and the checks that reject a bad one.
+
+Every switch is a string naming one option; every size is an int. The Hydra config under
+`model.` maps onto these fields one to one, and a checkpoint stores them as JSON.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+NORMS = ("rmsnorm", "layernorm")
+NORM_POSITIONS = ("pre", "post")
+POSITIONS = ("rope", "sinusoidal", "learned", "none")
+FFNS = ("swiglu", "relu", "gelu")
+
+
+class ConfigError(ValueError):
+    """A model setting that cannot build a model; the message names the keys and values."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 256
+    n_layers: int = 6
+    n_heads: int = 8
+    n_kv_heads: int = 2
+    context_length: int = 256
+    norm: str = "rmsnorm"
+    norm_position: str = "pre"
+    position: str = "rope"
+    ffn: str = "swiglu"
+    ffn_multiple_of: int = 32  # SwiGLU's d_ff = 8/3 * d_model, rounded up to this multiple
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    bias: bool = False  # biases in the linear layers (LayerNorm always has its beta)
+    tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
+
+    def __post_init__(self):
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def d_ff(self) -> int:
+        if self.ffn == "swiglu":
+            # Three matrices instead of two: 8/3 * d keeps the parameter count of a 4 * d ReLU FFN.
+            return self.ffn_multiple_of * math.ceil(8 * self.d_model / 3 / self.ffn_multiple_of)
+        return 4 * self.d_model
+
+    def validate(self) -> None:
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",
+                    "ffn_multiple_of"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"model.{key}={value!r} must be a positive integer")
+        for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS),
+                             ("position", POSITIONS), ("ffn", FFNS)):
+            if getattr(self, key) not in options:
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} must be one of {', '.join(options)}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
+        if self.position == "rope" and self.head_dim % 2:
+            raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
+                              f"model.n_heads={self.n_heads} = {self.head_dim}")
+        if self.rope_base <= 0 or self.norm_eps <= 0:
+            raise ConfigError(f"model.rope_base={self.rope_base} and model.norm_eps={self.norm_eps} must be positive")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "ModelConfig":
+        """Build from a dict (a checkpoint's JSON or Hydra's `model` node), ignoring unknown keys
+        such as the attention option's name, which n_kv_heads already encodes."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    @property
+    def attention(self) -> str:
+        if self.n_kv_heads == self.n_heads:
+            return "mha"
+        return "mqa" if self.n_kv_heads == 1 else "gqa"

@@ -1,0 +1,33 @@
+"""Position-wise feed-forward network, x: [B, T, d] -> [B, T, d], hidden width d_ff.
+
+SwiGLU (LLaMA):  FFN(x) = (SiLU(x W1) * (x W3)) W2      W1, W3: [d, d_ff], W2: [d_ff, d], d_ff ~ 8/3 d
+ReLU (2017):     FFN(x) = ReLU(x W1) W2                  W1: [d, d_ff], W2: [d_ff, d],      d_ff = 4 d
+GELU (GPT-2):    FFN(x) = GELU(x W1) W2
+
+The gated form has three matrices, so 8/3 d keeps the parameter count of the 4 d ungated one:
+3 * d * 8/3 d = 2 * d * 4 d = 8 d^2.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu}
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, kind: str, bias: bool):
+        super().__init__()
+        self.gated = kind == "swiglu"
+        self.activation = ACTIVATIONS[kind]
+        # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split.
+        self.w_in = nn.Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
+        self.w_out = nn.Linear(d_ff, d_model, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.w_in(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = self.activation(gate) * up
+        else:
+            h = self.activation(h)
+        return self.w_out(h)

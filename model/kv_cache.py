@@ -1,0 +1,33 @@
+"""The KV cache: keys and values of every past token, preallocated once per generation.
+
+    k, v: [n_layers, batch, n_kv_heads, max_len, head_dim]
+    bytes = 2 (K and V) * n_layers * n_kv_heads * head_dim * max_len * batch * bytes_per_element
+
+It stores n_kv_heads heads, not n_heads, so GQA and MQA shrink it by n_heads / n_kv_heads.
+Each forward writes its new K/V in place at [start, start + seq) and attends over [0, start + seq):
+no concatenation, no reallocation.
+"""
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
+
+    def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v: [batch, n_kv_heads, seq, head_dim] at positions [start, start + seq);
+        return the keys and values of positions [0, start + seq) as views."""
+        end = start + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: position {end} > max_len {self.max_len}")
+        self.k[layer, :, :, start:end] = k
+        self.v[layer, :, :, start:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]

@@ -1,0 +1,29 @@
+"""Normalisation layers, over the last (feature) dimension of x: [batch, seq, d_model].
+
+RMSNorm (LLaMA):     y = x / sqrt(mean(x^2) + eps) * gamma              gamma: [d_model]
+LayerNorm (2017):    y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta
+
+RMSNorm drops the mean subtraction and the bias: one statistic instead of two. Like
+transformers' LLaMA it computes the statistic in fp32 whatever the input dtype, so bf16
+activations do not lose precision in the sum of squares.
+"""
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.type_as(x)
+
+
+def make_norm(kind: str, dim: int, eps: float) -> nn.Module:
+    if kind == "rmsnorm":
+        return RMSNorm(dim, eps)
+    return nn.LayerNorm(dim, eps=eps)  # gamma and beta, as in the 2017 Transformer

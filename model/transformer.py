@@ -1,0 +1,77 @@
+"""The decoder-only language model: tokens in, next-token logits out.
+
+    tokens: [B, T] -> embed: [B, T, d] (+ absolute positions) -> n_layers x Block
+            -> final Norm (Pre-Norm only) -> LM head -> logits: [B, T, vocab]
+
+The LM head shares the embedding matrix by default (tie_embeddings), as in the 2017
+Transformer and GPT-2: at this size the vocab x d matrix is a fifth of the parameters.
+forward(tokens, start, cache): `start` is the absolute position of tokens[:, 0]; with a
+KVCache the model reads and extends it in place, so generation reuses the same math.
+"""
+import math
+
+import torch
+from torch import nn
+
+from model.block import Block
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+from model.norms import make_norm
+from model.positions import AbsolutePositions, Rotary
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        rotary = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base) if cfg.position == "rope" else None
+        self.abs_pos = (AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model)
+                        if cfg.position in ("sinusoidal", "learned") else None)
+        self.rotary = rotary  # one table, shared by every layer's attention
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))
+        # Post-Norm blocks already end in a norm; Pre-Norm leaves the residual stream unnormalised.
+        self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+        self.apply(self._init_weights)
+        # GPT-2's scaled init: each residual branch's output projection by 1/sqrt(2 * n_layers),
+        # so the residual stream's variance does not grow with depth.
+        for name, p in self.named_parameters():
+            if name.endswith(("attn.out.weight", "ffn.w_out.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())  # a tied matrix is counted once
+
+    def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
+        cfg = self.cfg
+        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+
+    def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+        cfg, param = self.cfg, self.tok_emb.weight
+        return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.context_length, cfg.head_dim,
+                       dtype or param.dtype, param.device)
+
+    def forward(self, tokens: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        if start + tokens.shape[1] > self.cfg.context_length:
+            raise ValueError(f"positions up to {start + tokens.shape[1]} exceed "
+                             f"model.context_length={self.cfg.context_length}")
+        x = self.tok_emb(tokens)
+        if self.abs_pos is not None:
+            x = self.abs_pos(x, start)
+        x = self.dropout(x)
+        for block in self.blocks:
+            x = block(x, start, cache)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return self.lm_head(x)
