@@ -1,0 +1,88 @@
+"""Hydra composition: presets pick every component, command-line groups override them both ways."""
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
+
+from model import ModelConfig, Transformer
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+MODERN = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa", "ffn": "swiglu"}
+CLASSIC = {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal", "attention": "mha", "ffn": "relu"}
+
+
+def compose_model(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose(config_name="config", overrides=list(overrides)).model
+
+
+def choices(model_node) -> dict:
+    return {key: model_node[key] for key in MODERN}
+
+
+def test_llama_tiny_picks_every_modern_component():
+    model = compose_model("model=llama_tiny")
+    assert choices(model) == MODERN
+    assert model.n_kv_heads < model.n_heads
+
+
+def test_transformer2017_tiny_picks_every_2017_component():
+    model = compose_model("model=transformer2017_tiny")
+    assert choices(model) == CLASSIC
+    assert model.n_kv_heads == model.n_heads
+
+
+def test_default_is_llama_tiny():
+    assert compose_model() == compose_model("model=llama_tiny")
+
+
+@pytest.mark.parametrize("preset, override, expected", [
+    ("llama_tiny", "norm=layernorm", MODERN | {"norm": "layernorm"}),
+    ("transformer2017_tiny", "position=rope", CLASSIC | {"position": "rope"}),
+    ("llama_tiny", "ffn=relu", MODERN | {"ffn": "relu"}),
+    ("transformer2017_tiny", "norm_position=pre", CLASSIC | {"norm_position": "pre"}),
+])
+def test_a_group_on_the_command_line_overrides_the_preset(preset, override, expected):
+    assert choices(compose_model(f"model={preset}", override)) == expected
+
+
+@pytest.mark.parametrize("preset", ["llama_tiny", "transformer2017_tiny"])
+def test_attention_group_sets_n_kv_heads(preset):
+    mha, gqa, mqa = (compose_model(f"model={preset}", f"attention={name}") for name in ("mha", "gqa", "mqa"))
+    assert mha.n_kv_heads == mha.n_heads == 8
+    assert mqa.n_kv_heads == 1
+    assert 1 < gqa.n_kv_heads < gqa.n_heads and gqa.n_heads % gqa.n_kv_heads == 0
+    # the name in the config agrees with what the model derives from the head counts
+    for node in (mha, gqa, mqa):
+        assert ModelConfig.from_dict(OmegaConf.to_container(node, resolve=True) | {"vocab_size": 64}).attention \
+            == node.attention
+
+
+def test_presets_differ_only_in_their_choices():
+    llama, classic = (OmegaConf.to_container(compose_model(f"model={preset}"), resolve=True)
+                      for preset in ("llama_tiny", "transformer2017_tiny"))
+    differing = {key for key in llama.keys() | classic.keys() if llama.get(key) != classic.get(key)}
+    # n_kv_heads follows the attention choice; every width and depth key is shared
+    assert differing == set(MODERN) | {"name", "n_kv_heads"}
+    for key in ("d_model", "n_layers", "n_heads", "context_length"):
+        assert llama[key] == classic[key]
+
+
+def test_unknown_option_gets_hydras_own_error():
+    with pytest.raises(MissingConfigException, match="norm/foo") as error:
+        compose_model("model=llama_tiny", "norm=foo")
+    assert "layernorm" in str(error.value) and "rmsnorm" in str(error.value)  # it lists the options
+
+
+@pytest.mark.parametrize("preset", ["llama_tiny", "transformer2017_tiny"])
+def test_model_config_builds_from_the_composed_node(preset):
+    node = compose_model(f"model={preset}")
+    cfg = ModelConfig.from_dict(OmegaConf.to_container(node, resolve=True) | {"vocab_size": 4096})
+    expected = MODERN if preset == "llama_tiny" else CLASSIC
+    assert (cfg.norm, cfg.norm_position, cfg.position, cfg.attention, cfg.ffn) == tuple(expected.values())
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads) == \
+        (node.d_model, node.n_layers, node.n_heads, node.n_kv_heads)
+    # the preset's documented size: order of 5 M parameters with a 4096-token vocabulary
+    assert 4e6 < Transformer(cfg).num_params() < 7e6

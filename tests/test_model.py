@@ -1,0 +1,249 @@
+"""The model's components against the chapter's worked numbers, their reference
+implementations (torch.nn.RMSNorm, transformers' LlamaForCausalLM) and their invariants."""
+import itertools
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from pytest import approx
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from model import ConfigError, ModelConfig, Transformer
+from model.attention import Attention
+from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
+from model.ffn import FeedForward
+from model.norms import RMSNorm, make_norm
+from model.positions import Rotary
+
+# n_kv_heads for each attention option, with n_heads = 4
+KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
+COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS))
+
+
+def tiny_model(norm, norm_position, position, attention, ffn) -> Transformer:
+    return Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=KV_HEADS[attention],
+                                   context_length=16, norm=norm, norm_position=norm_position, position=position,
+                                   ffn=ffn))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Matmuls this small gain nothing from a second thread, and on a busy CPU handing each of
+    thousands of them to the thread pool costs more than the work (the 144-combination test:
+    23 s with 2 threads, 2 s with 1, on 2 cores shared with other jobs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# --- the chapter's worked numbers ---------------------------------------------------------
+
+def test_rmsnorm_worked_example():
+    y = make_norm("rmsnorm", 4, eps=1e-5)(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    # rms = sqrt((1 + 4 + 9 + 16) / 4) = sqrt(7.5) = 2.739
+    assert y.tolist() == approx([0.365, 0.730, 1.095, 1.460], abs=1e-3)
+
+
+def test_layernorm_worked_example():
+    y = make_norm("layernorm", 4, eps=1e-5)(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    # mean 2.5, variance 1.25, std 1.118
+    assert y.tolist() == approx([-1.34, -0.45, 0.45, 1.34], abs=5e-3)
+
+
+def test_rope_worked_example_at_45_degrees():
+    # With head_dim 2 the only frequency is base^0 = 1 radian per position, whatever the base.
+    # With head_dim 4 the half-split layout pairs dims (0, 2) at 1 rad and dims (1, 3) at
+    # base^(-1/2) rad per position; base = (4/pi)^2 makes the latter pi/4 = 45 degrees.
+    # The chapter's q = k = [1, 0] is put in that pair, so the module's own tables do the turning.
+    rotary = Rotary(head_dim=4, max_len=3, base=(4 / math.pi) ** 2)
+    x = torch.tensor([0.0, 1.0, 0.0, 0.0]).expand(1, 1, 3, 4)  # the same vector at positions 0, 1, 2
+    rotated = rotary(x, start=0)[0, 0]
+    assert rotated[1].tolist() == approx([0, math.cos(math.pi / 4), 0, math.sin(math.pi / 4)], abs=1e-6)
+
+    def score(m, n):
+        return (rotated[m] @ rotated[n]).item()
+
+    assert score(1, 0) == approx(0.707, abs=1e-3)
+    assert score(2, 1) == approx(0.707, abs=1e-3)
+    assert score(2, 0) == approx(0.0, abs=1e-6)
+
+
+def test_swiglu_worked_example():
+    ffn = FeedForward(d_model=1, d_ff=1, kind="swiglu", bias=False)
+    with torch.no_grad():
+        ffn.w_in.weight.copy_(torch.tensor([[1.5], [0.8]]))  # rows [W1; W3]
+        ffn.w_out.weight.copy_(torch.tensor([[1.2]]))  # W2
+    # SiLU(1.5) = 1.5 * sigmoid(1.5) = 1.226;  1.226 * 0.8 * 1.2 = 1.178
+    assert ffn(torch.tensor([[1.0]])).item() == approx(1.178, abs=1e-3)
+
+
+@pytest.mark.parametrize("d_model", [96, 256, 384])
+def test_swiglu_at_8_3_d_has_the_parameters_of_relu_at_4_d(d_model):
+    def ffn_params(kind):
+        cfg = ModelConfig(vocab_size=8, d_model=d_model, n_heads=8, ffn=kind, ffn_multiple_of=32)
+        return sum(p.numel() for p in FeedForward(d_model, cfg.d_ff, kind, bias=False).parameters())
+
+    relu, swiglu = ffn_params("relu"), ffn_params("swiglu")
+    assert relu == 8 * d_model ** 2
+    # d_ff = 8/3 d rounded up to a multiple of 32 adds under 32 hidden units, each d_model * 3 weights
+    assert 0 <= swiglu - relu < 3 * d_model * 32
+    if 8 * d_model % (3 * 32) == 0:  # 8/3 d is already a multiple: no rounding at all
+        assert swiglu == relu
+
+
+# --- components against references and invariants -----------------------------------------
+
+def test_rmsnorm_equals_torch_rmsnorm():
+    torch.manual_seed(0)
+    ours, reference = RMSNorm(48, eps=1e-5), torch.nn.RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        ours.weight.normal_()
+        reference.weight.copy_(ours.weight)
+    x = 3 * torch.randn(2, 5, 48)
+    torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=1e-6)
+
+
+def test_rope_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    rotary = Rotary(head_dim=16, max_len=64)
+    q, k = torch.randn(2, 1, 1, 1, 16).unbind(0)  # one token each: [batch, heads, seq, D]
+
+    def score(m, n):
+        return (rotary(q, start=m) * rotary(k, start=n)).sum().item()
+
+    for m, n in [(5, 2), (2, 5), (9, 9)]:
+        for shift in (1, 7, 40):
+            assert score(m + shift, n + shift) == approx(score(m, n), abs=1e-5), (m, n, shift)
+    # ...and do depend on it: distances 0 and 1 differ by a full unit here
+    assert abs(score(3, 3) - score(4, 3)) > 1.0
+
+
+@pytest.mark.parametrize("n_kv_heads", [1, 2])
+@pytest.mark.parametrize("rope", [True, False])
+def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads, rope):
+    torch.manual_seed(0)
+    d_model, n_heads, seq = 32, 4, 7
+    head_dim, group = d_model // n_heads, n_heads // n_kv_heads
+    rotary = Rotary(head_dim, max_len=seq) if rope else None
+    gqa = Attention(d_model, n_heads, n_kv_heads, bias=False, dropout=0.0, rotary=rotary, layer=0)
+    mha = Attention(d_model, n_heads, n_heads, bias=False, dropout=0.0, rotary=rotary, layer=0)
+    wq, wk, wv = gqa.qkv.weight.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim])
+
+    def repeat_heads(w):  # K/V head j serves query heads j * group ... (j + 1) * group - 1
+        return w.view(n_kv_heads, head_dim, d_model).repeat_interleave(group, dim=0).reshape(-1, d_model)
+
+    with torch.no_grad():
+        mha.qkv.weight.copy_(torch.cat([wq, repeat_heads(wk), repeat_heads(wv)]))
+        mha.out.weight.copy_(gqa.out.weight)
+    x = torch.randn(2, seq, d_model)
+    torch.testing.assert_close(gqa(x), mha(x), rtol=0, atol=1e-6)
+
+
+def test_causal_for_every_combination():
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (2, 12))
+    later = tokens.clone()
+    later[:, 6:] = (later[:, 6:] + 1) % 64  # change every token from position 6 on
+    for combination in COMBINATIONS:
+        model = tiny_model(*combination).eval()
+        with torch.no_grad():
+            before, after = model(tokens), model(later)
+        torch.testing.assert_close(after[:, :6], before[:, :6], rtol=0, atol=1e-6,
+                                   msg=lambda m: f"{combination}: {m}")
+        assert not torch.allclose(after[:, 6], before[:, 6]), combination
+
+
+def test_every_combination_runs_forward_and_backward():
+    assert len(COMBINATIONS) == 2 * 2 * 4 * 3 * 3
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (2, 9))
+    for combination in COMBINATIONS:
+        model = tiny_model(*combination)
+        logits = model(tokens[:, :-1])
+        assert logits.shape == (2, 8, 64), combination
+        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        for name, p in model.named_parameters():
+            # every parameter is used, and its gradient is finite
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, \
+                f"{combination}: {name}"
+
+
+@pytest.mark.parametrize("sizes, message", [
+    (dict(d_model=30, n_heads=4), "model.n_heads=4 must divide model.d_model=30"),
+    (dict(n_heads=4, n_kv_heads=3), "model.n_kv_heads=3 must divide model.n_heads=4"),
+    (dict(d_model=12, n_heads=4, n_kv_heads=2, position="rope"),
+     "model.position=rope needs an even head dim, but model.d_model=12 / model.n_heads=4 = 3"),
+    (dict(d_model=0), "model.d_model=0 must be a positive integer"),
+    (dict(n_layers=-1), "model.n_layers=-1 must be a positive integer"),
+    (dict(n_heads=0), "model.n_heads=0 must be a positive integer"),
+    (dict(n_kv_heads=0), "model.n_kv_heads=0 must be a positive integer"),
+    (dict(context_length=0), "model.context_length=0 must be a positive integer"),
+    (dict(vocab_size=0), "model.vocab_size=0 must be a positive integer"),
+])
+def test_invalid_config_raises_one_line_naming_keys_and_values(sizes, message):
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
+        ModelConfig(**(dict(vocab_size=64, d_model=32, n_heads=4, n_kv_heads=2) | sizes))
+    assert "\n" not in str(error.value)
+
+
+def test_odd_head_dim_is_fine_without_rope():
+    cfg = ModelConfig(vocab_size=64, d_model=12, n_heads=4, n_kv_heads=2, position="sinusoidal")
+    assert cfg.head_dim == 3
+
+
+# --- parity with transformers' LLaMA ----------------------------------------------------------
+
+def llama_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """Our weights under transformers' LlamaForCausalLM names."""
+    cfg = model.cfg
+    state = {"model.embed_tokens.weight": model.tok_emb.weight, "model.norm.weight": model.final_norm.weight,
+             "lm_head.weight": model.lm_head.weight}
+    for i, block in enumerate(model.blocks):
+        q, k, v = block.attn.qkv.weight.split(
+            [cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim])
+        gate, up = block.ffn.w_in.weight.chunk(2)  # rows [W1; W3]
+        layer = f"model.layers.{i}."
+        state |= {layer + "self_attn.q_proj.weight": q, layer + "self_attn.k_proj.weight": k,
+                  layer + "self_attn.v_proj.weight": v, layer + "self_attn.o_proj.weight": block.attn.out.weight,
+                  layer + "mlp.gate_proj.weight": gate, layer + "mlp.up_proj.weight": up,
+                  layer + "mlp.down_proj.weight": block.ffn.w_out.weight,
+                  layer + "input_layernorm.weight": block.attn_norm.weight,
+                  layer + "post_attention_layernorm.weight": block.ffn_norm.weight}
+    return state
+
+
+def llama_config(cfg: ModelConfig, attn_implementation: str) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.d_ff,
+        num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        head_dim=cfg.head_dim, max_position_embeddings=cfg.context_length, rms_norm_eps=cfg.norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_base},
+        tie_word_embeddings=cfg.tie_embeddings, attention_bias=False, mlp_bias=False, hidden_act="silu",
+        attn_implementation=attn_implementation)
+
+
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("tie_embeddings", [True, False])
+@pytest.mark.parametrize("n_kv_heads", [1, 2, 4])
+def test_logits_equal_transformers_llama(n_kv_heads, tie_embeddings, attn_implementation):
+    torch.manual_seed(0)
+    # a non-default rope base and eps, so a mapping that drops either one fails
+    cfg = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, context_length=24,
+                      rope_base=500.0, norm_eps=1e-4, tie_embeddings=tie_embeddings)
+    ours = Transformer(cfg).eval()
+    with torch.no_grad():  # weights far from init (and gains far from 1), so logits are O(1)
+        for p in ours.parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.2 * torch.randn_like(p))
+    theirs = LlamaForCausalLM(llama_config(cfg, attn_implementation)).eval()
+    theirs.load_state_dict(llama_state_dict(ours), strict=True)
+    assert (theirs.lm_head.weight is theirs.model.embed_tokens.weight) == tie_embeddings
+
+    for seq in (1, 7, cfg.context_length):
+        tokens = torch.randint(0, cfg.vocab_size, (2, seq))
+        with torch.no_grad():
+            logits, expected = ours(tokens), theirs(tokens).logits
+        assert expected.std() > 0.5  # the tolerance below is small relative to the logits
+        assert (logits - expected).abs().max().item() <= 1e-5, seq
