@@ -5,6 +5,9 @@
     ckpt/tokenizer.model     the SentencePiece model the run trained
     ckpt/<extra files>       e.g. train_state.pt, written by training for resume
 
+load_checkpoint also reads a transformers LLaMA directory (config.json with model_type "llama",
+model.safetensors or its shards, tokenizer.model), through model/hf_interop.py.
+
 The directory is written next to its final place and renamed into it, so a kill at any
 moment leaves either the previous checkpoint or the new one, never a mix.
 """
@@ -12,13 +15,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from model.config import ConfigError, ModelConfig
+from model.hf_interop import InteropError, check_vocab, load_hf_state_dict, model_config_from_hf, read_hf_weights
 from model.transformer import Transformer
 
 FORMAT_VERSION = 1
@@ -41,37 +46,51 @@ def resolve_ckpt_dir(path: str | Path) -> Path:
     raise CheckpointError(f"no checkpoint at {path}: expected {path}/config.json or {path}/ckpt/config.json")
 
 
+@contextmanager
+def atomic_dir(final_dir: str | Path) -> Iterator[Path]:
+    """Yields an empty sibling directory to fill; when the block succeeds it replaces final_dir."""
+    final_dir = Path(final_dir)
+    tmp, old = final_dir.with_name(final_dir.name + ".tmp"), final_dir.with_name(final_dir.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final_dir.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final_dir.rename(old)
+    tmp.rename(final_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(ckpt_dir: str | Path, model: Transformer, tokenizer_file: str | Path,
                     write_extra: Callable[[Path], None] | None = None) -> Path:
     """Write atomically to ckpt_dir; write_extra(tmp_dir) may add files (e.g. training state)."""
-    ckpt_dir = Path(ckpt_dir)
-    tmp, old = ckpt_dir.with_name(ckpt_dir.name + ".tmp"), ckpt_dir.with_name(ckpt_dir.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight")
-    save_file(state, tmp / "model.safetensors")
-    shutil.copyfile(tokenizer_file, tmp / "tokenizer.model")
-    if write_extra is not None:
-        write_extra(tmp)
-    (tmp / "config.json").write_text(json.dumps({"format_version": FORMAT_VERSION,
-                                                 "model": model.cfg.to_dict()}, indent=2))
-    if ckpt_dir.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        ckpt_dir.rename(old)
-    tmp.rename(ckpt_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return ckpt_dir
+    with atomic_dir(ckpt_dir) as tmp:
+        save_file(state, tmp / "model.safetensors")
+        shutil.copyfile(tokenizer_file, tmp / "tokenizer.model")
+        if write_extra is not None:
+            write_extra(tmp)
+        (tmp / "config.json").write_text(json.dumps({"format_version": FORMAT_VERSION,
+                                                     "model": model.cfg.to_dict()}, indent=2))
+    return Path(ckpt_dir)
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
-    """Returns (model in eval mode, ckpt dir). The tokenizer is ckpt_dir / 'tokenizer.model'."""
+    """Returns (model in eval mode, ckpt dir). The tokenizer is ckpt_dir / 'tokenizer.model'.
+    ckpt dir may also be a transformers LLaMA directory."""
     ckpt_dir = resolve_ckpt_dir(path)
     try:
         meta = json.loads((ckpt_dir / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
+    if isinstance(meta, dict) and "model_type" in meta:
+        return _load_transformers_dir(ckpt_dir, meta, device), ckpt_dir
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {ckpt_dir} has format_version={version!r}; "
@@ -94,3 +113,16 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     if not (ckpt_dir / "tokenizer.model").is_file():
         raise CheckpointError(f"checkpoint {ckpt_dir} has no tokenizer.model")
     return model.to(device).eval(), ckpt_dir
+
+
+def _load_transformers_dir(hf_dir: Path, config: dict, device: str | torch.device) -> Transformer:
+    if not (hf_dir / "tokenizer.model").is_file():
+        raise CheckpointError(f"transformers directory {hf_dir} has no tokenizer.model (the SentencePiece model)")
+    try:
+        cfg = model_config_from_hf(config)
+        check_vocab(cfg, hf_dir / "tokenizer.model")
+        model = Transformer(cfg)
+        load_hf_state_dict(model, read_hf_weights(hf_dir))
+    except (InteropError, ConfigError) as e:
+        raise CheckpointError(f"transformers directory {hf_dir}: {e}") from None
+    return model.to(device).eval()

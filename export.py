@@ -1,0 +1,69 @@
+"""Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory.
+
+    python export.py --ckpt outputs/<date>/<time> --out llama_hf [--force]
+
+Writes config.json, model.safetensors, tokenizer.model and, when transformers' LlamaTokenizer
+reproduces the SentencePiece ids exactly, tokenizer_config.json. The directory is written next to
+--out and renamed into place, so a failed export leaves nothing behind. A checkpoint using any
+non-LLaMA switch is refused, naming each such switch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from safetensors.torch import save_file
+
+from model.checkpoint import CheckpointError, atomic_dir, load_checkpoint
+from model.hf_interop import InteropError, check_vocab, hf_config, hf_state_dict, hf_tokenizer_config
+
+
+class ExportError(ValueError):
+    """A bad --out; the message names it."""
+
+
+def export(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
+    """Writes the transformers directory; returns notes for the user (what could not be made faithful)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ExportError(f"--out {out} exists and is not empty; pass --force to replace it")
+    model, ckpt_dir = load_checkpoint(ckpt)
+    tokenizer_file = ckpt_dir / "tokenizer.model"
+    sp = check_vocab(model.cfg, tokenizer_file)
+    bos, eos = (i if i >= 0 else None for i in (sp.bos_id(), sp.eos_id()))  # SentencePiece says -1 for none
+    config = hf_config(model.cfg, bos_id=bos, eos_id=eos)  # refuses non-LLaMA switches, naming them all
+    tokenizer_config, why_not = hf_tokenizer_config(tokenizer_file, model.cfg.context_length)
+    with atomic_dir(out) as tmp:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        # transformers refuses safetensors files whose metadata does not say they hold torch tensors
+        save_file(hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
+        shutil.copyfile(tokenizer_file, tmp / "tokenizer.model")
+        if tokenizer_config is not None:
+            (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return [] if tokenizer_config is not None else [f"no tokenizer_config.json: {why_not}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ckpt", required=True, help="a run dir (holding ckpt/) or a checkpoint dir")
+    parser.add_argument("--out", required=True, help="the transformers directory to write")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
+    args = parser.parse_args(argv)
+    try:
+        notes = export(args.ckpt, args.out, args.force)
+    except (CheckpointError, InteropError, ExportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

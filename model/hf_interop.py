@@ -1,0 +1,231 @@
+"""The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM: config, weights, tokenizer.
+
+Weights (i = layer, d = d_model, H / H_kv = query / K/V heads of D dims, F = d_ff, V = vocab):
+
+    this repo                                  transformers (LlamaForCausalLM)
+    tok_emb.weight            [V, d]           model.embed_tokens.weight
+    blocks.i.attn_norm.weight [d]              model.layers.i.input_layernorm.weight
+    blocks.i.attn.qkv.weight  [(H+2H_kv)D, d]  rows [Wq; Wk; Wv] = self_attn.{q,k,v}_proj.weight
+    blocks.i.attn.out.weight  [d, H D]         model.layers.i.self_attn.o_proj.weight
+    blocks.i.ffn_norm.weight  [d]              model.layers.i.post_attention_layernorm.weight
+    blocks.i.ffn.w_in.weight  [2F, d]          rows [W1; W3] = mlp.gate_proj.weight, mlp.up_proj.weight
+    blocks.i.ffn.w_out.weight [d, F]           model.layers.i.mlp.down_proj.weight
+    final_norm.weight         [d]              model.norm.weight
+    lm_head.weight            [V, d]           lm_head.weight (absent when tie_word_embeddings)
+
+Both rotate q and k in the half-split layout (rotate_half), so no row permutation is needed.
+Only the LLaMA choices have a transformers equivalent: RMSNorm, Pre-Norm, RoPE, SwiGLU, no biases.
+Nothing here imports transformers: export and import read and write its files as plain JSON
+and safetensors, so neither needs it installed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from sentencepiece import SentencePieceProcessor
+from sentencepiece import sentencepiece_model_pb2
+
+from model.config import ModelConfig
+from model.transformer import Transformer
+
+# The value each switch must have for the model to be a LLaMA.
+LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False}
+
+
+class InteropError(ValueError):
+    """A model, config or tokenizer that has no faithful counterpart on the other side; one line."""
+
+
+def non_llama_switches(cfg: ModelConfig) -> list[str]:
+    """The switches set to a non-LLaMA option, as 'model.key=value'."""
+    return [f"model.{key}={getattr(cfg, key)}" for key, llama in LLAMA_SWITCHES.items() if getattr(cfg, key) != llama]
+
+
+def _weight_names(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
+    """Our parameter name -> the transformers names whose rows it stacks, with their row counts."""
+    D, F = cfg.head_dim, cfg.d_ff
+    names = {"tok_emb.weight": [("model.embed_tokens.weight", cfg.vocab_size)],
+             "final_norm.weight": [("model.norm.weight", cfg.d_model)]}
+    for i in range(cfg.n_layers):
+        ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
+        names[ours + "attn_norm.weight"] = [(theirs + "input_layernorm.weight", cfg.d_model)]
+        names[ours + "attn.qkv.weight"] = [(theirs + "self_attn.q_proj.weight", cfg.n_heads * D),
+                                           (theirs + "self_attn.k_proj.weight", cfg.n_kv_heads * D),
+                                           (theirs + "self_attn.v_proj.weight", cfg.n_kv_heads * D)]
+        names[ours + "attn.out.weight"] = [(theirs + "self_attn.o_proj.weight", cfg.d_model)]
+        names[ours + "ffn_norm.weight"] = [(theirs + "post_attention_layernorm.weight", cfg.d_model)]
+        names[ours + "ffn.w_in.weight"] = [(theirs + "mlp.gate_proj.weight", F), (theirs + "mlp.up_proj.weight", F)]
+        names[ours + "ffn.w_out.weight"] = [(theirs + "mlp.down_proj.weight", cfg.d_model)]
+    if not cfg.tie_embeddings:
+        names["lm_head.weight"] = [("lm_head.weight", cfg.vocab_size)]
+    return names
+
+
+# ---------------------------------------------------------------- export: this repo -> transformers
+
+def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    """transformers' config.json for a LLaMA-configured model; refuses any other with every offending switch."""
+    refused = non_llama_switches(cfg)
+    if refused:
+        raise InteropError(f"no transformers LLaMA equivalent for {', '.join(refused)} "
+                           f"(LLaMA is {', '.join(f'model.{k}={v}' for k, v in LLAMA_SWITCHES.items())})")
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.d_model,
+        "intermediate_size": cfg.d_ff,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.context_length,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
+        # transformers 4.x reads these two keys; 5.x reads rope_parameters and dtype, and ignores them.
+        "rope_theta": cfg.rope_base,
+        "torch_dtype": "float32",
+        "dtype": "float32",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+    }
+
+
+def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """The model's weights under transformers' names, split into their separate matrices."""
+    ours = model.state_dict()
+    out = {}
+    for name, parts in _weight_names(model.cfg).items():
+        pieces = ours[name].split([rows for _, rows in parts], dim=0)
+        out.update({hf_name: piece.detach().contiguous().cpu() for (hf_name, _), piece in zip(parts, pieces)})
+    return out
+
+
+# ---------------------------------------------------------------- import: transformers -> this repo
+
+def model_config_from_hf(hf: dict) -> ModelConfig:
+    """ModelConfig for a transformers LLaMA config.json; refuses features this repo does not have."""
+    if hf.get("model_type") != "llama":
+        raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type='llama' is")
+    for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if hf.get(key, supported) != supported:
+            raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's LLaMA has {key}={supported!r}")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # 5.x name, then the 4.x one
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise InteropError(f"rope_parameters.rope_type={rope_type!r} is not supported; only 'default' RoPE is")
+    try:
+        d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
+        ffn_width = hf["intermediate_size"]
+        values = dict(vocab_size=hf["vocab_size"], d_model=d, n_layers=hf["num_hidden_layers"], n_heads=n_heads,
+                      n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+                      context_length=hf["max_position_embeddings"])
+    except KeyError as e:
+        raise InteropError(f"config.json has no {e.args[0]}") from None
+    head_dim = hf.get("head_dim") or d // n_heads
+    if head_dim * n_heads != d:
+        raise InteropError(f"head_dim={head_dim} is not supported; this repo's head dim is "
+                           f"hidden_size / num_attention_heads = {d} / {n_heads}")
+    # Our SwiGLU width is ffn_multiple_of * ceil(8/3 d / ffn_multiple_of), which equals
+    # ffn_multiple_of itself whenever that is at least 8/3 d.
+    if 3 * ffn_width < 8 * d:
+        raise InteropError(f"intermediate_size={ffn_width} is below 8/3 * hidden_size = {8 * d / 3:.1f}, "
+                           f"the narrowest SwiGLU this repo builds")
+    return ModelConfig(**values, ffn_multiple_of=ffn_width,
+                       rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+                       norm_eps=hf.get("rms_norm_eps", 1e-6),
+                       tie_embeddings=hf.get("tie_word_embeddings", False), **LLAMA_SWITCHES)
+
+
+def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors, or every shard that model.safetensors.index.json lists."""
+    index = hf_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, AttributeError) as e:
+            raise InteropError(f"corrupt {index}: {e!r}") from None
+    elif (hf_dir / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise InteropError(f"{hf_dir} has no model.safetensors or model.safetensors.index.json")
+    state = {}
+    for file in files:
+        try:
+            state.update(load_file(hf_dir / file))
+        except Exception as e:  # safetensors raises its own error types for missing, truncated or foreign files
+            raise InteropError(f"cannot read weights {hf_dir / file}: {e}") from None
+    return state
+
+
+def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) -> None:
+    """Copy transformers-named weights into the model, checking that every name and shape matches."""
+    names = _weight_names(model.cfg)
+    # Older transformers saved the RoPE frequencies; ours are recomputed from rope_base. A tied
+    # checkpoint may still store lm_head.weight: transformers ignores it, and so do we.
+    expected = {hf_name for parts in names.values() for hf_name, _ in parts}
+    ignored = {n for n in hf_state if n.endswith("rotary_emb.inv_freq") or n == "lm_head.weight"}
+    missing, unexpected = sorted(expected - set(hf_state)), sorted(set(hf_state) - expected - ignored)
+    if missing or unexpected:
+        raise InteropError(f"weights do not match config.json: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    ours = model.state_dict()
+    state = {}
+    for name, parts in names.items():
+        state[name] = torch.cat([hf_state[hf_name] for hf_name, _ in parts], dim=0)
+        if state[name].shape != ours[name].shape:
+            raise InteropError(f"weights do not match config.json: {' + '.join(n for n, _ in parts)} make "
+                               f"{list(state[name].shape)}, the config implies {list(ours[name].shape)}")
+    if model.cfg.tie_embeddings:
+        state["lm_head.weight"] = state["tok_emb.weight"]
+    model.load_state_dict(state)
+
+
+# ---------------------------------------------------------------- tokenizer
+
+def check_vocab(cfg: ModelConfig, tokenizer_file: Path) -> SentencePieceProcessor:
+    """The SentencePiece model, after checking it has exactly one piece per row of the embedding."""
+    try:
+        sp = SentencePieceProcessor(model_file=str(tokenizer_file))
+    except (OSError, RuntimeError) as e:
+        raise InteropError(f"cannot read tokenizer {tokenizer_file}: {e}") from None
+    if sp.get_piece_size() != cfg.vocab_size:
+        raise InteropError(f"vocab mismatch: the model has vocab_size={cfg.vocab_size} but its tokenizer "
+                           f"{tokenizer_file} has {sp.get_piece_size()} pieces")
+    return sp
+
+
+def hf_tokenizer_config(tokenizer_file: Path, context_length: int) -> tuple[dict | None, str]:
+    """(tokenizer_config.json, '') when transformers' LlamaTokenizer reproduces this SentencePiece
+    model's ids exactly, else (None, why not).
+
+    transformers rebuilds LlamaTokenizer from tokenizer.model as a byte-fallback BPE with no
+    normalisation and a fixed whitespace rule, so only a model trained that way, without a dummy
+    prefix (add_prefix_space=False), encodes the same: leading spaces otherwise differ.
+    """
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(tokenizer_file).read_bytes())
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    unfaithful = [f"{name}={value!r}" for name, value, llama in (
+        ("model_type", sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type), "BPE"),
+        ("byte_fallback", trainer.byte_fallback, True),
+        ("normalization_rule_name", normalizer.name, "identity"),
+        ("remove_extra_whitespaces", normalizer.remove_extra_whitespaces, False),
+        ("add_dummy_prefix", normalizer.add_dummy_prefix, False)) if value != llama]
+    if unfaithful:
+        return None, (f"tokenizer.model has {', '.join(unfaithful)}, which transformers' LlamaTokenizer does not "
+                      f"reproduce; load it with sentencepiece.SentencePieceProcessor(model_file=...)")
+    special = {f"{kind}_token": proto.pieces[i].piece
+               for kind, i in (("bos", trainer.bos_id), ("eos", trainer.eos_id), ("unk", trainer.unk_id),
+                               ("pad", trainer.pad_id)) if i >= 0}
+    return {"tokenizer_class": "LlamaTokenizer", **special,
+            # training joins documents as BOS text EOS, so a prompt starts with BOS
+            "add_bos_token": trainer.bos_id >= 0, "add_eos_token": False,
+            "add_prefix_space": False, "legacy": False, "clean_up_tokenization_spaces": False,
+            "model_max_length": context_length}, ""

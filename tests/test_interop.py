@@ -1,0 +1,242 @@
+"""Interop with transformers: export.py writes a LlamaForCausalLM directory, load_checkpoint reads one,
+with equal logits and greedy text both ways, and the refusals of what has no counterpart."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import sentencepiece as spm
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, LlamaForCausalLM
+
+import export
+import generate
+from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
+from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from model.config import ModelConfig
+from model.engine import Engine
+from model.transformer import Transformer
+
+VOCAB = 300
+PROMPT = "to be or not"
+# whitespace runs, tabs, newlines, accents and emoji: where tokenizer conversions usually differ
+TEXTS = ["the quick brown fox", " leading space", "double  space\tand tab\nnewline", "accents é ü, emoji 🙂",
+         "  ", "x\n\n  y  "]
+
+
+def corpus() -> list[str]:
+    words = "the quick brown fox jumps over a  lazy dog\tto be or not that is the question".split(" ")
+    gen = torch.Generator().manual_seed(0)
+    return [" ".join(words[i] for i in torch.randint(len(words), (12,), generator=gen)) for _ in range(500)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory) -> Path:
+    """The data pipeline's tokenizer, trained on a tiny corpus."""
+    return train_tokenizer(corpus(), VOCAB, tmp_path_factory.mktemp("tok") / "tokenizer.model").model_file
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer_file) -> Tokenizer:
+    return Tokenizer(tokenizer_file)
+
+
+def randomize(model: torch.nn.Module) -> torch.nn.Module:
+    """Weights far from init and gains far from 1, so logits are O(1), greedy picks have clear margins
+    and a swapped matrix (q/k, gate/up, the two norms) changes the output."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(1 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.3 * torch.randn_like(p))
+    return model.eval()
+
+
+def llama_cfg(**overrides) -> ModelConfig:
+    # GQA, a non-default rope base and eps: a mapping that drops any of them fails
+    return ModelConfig(**dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              context_length=64, rope_base=500.0, norm_eps=1e-4) | overrides)
+
+
+def hf_llama(tie: bool) -> LlamaForCausalLM:
+    return randomize(LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-4,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=tie,
+        bos_token_id=1, eos_token_id=2)))
+
+
+def greedy_ids(model: Transformer, prompt: list[int], eos_id: int) -> list[int]:
+    return [int(step[0]) for step in Engine(model).generate([prompt], 40, temperature=0, eos_id=eos_id)]
+
+
+def transformers_greedy_ids(hf: LlamaForCausalLM, prompt: list[int]) -> list[int]:
+    ids = torch.tensor([prompt])
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_same_model(ours: Transformer, ckpt: Path, theirs: LlamaForCausalLM, tok: Tokenizer, capsys):
+    """Equal logits, equal greedy ids, and generate.py --temperature 0 on ckpt prints transformers' greedy text."""
+    tokens = torch.randint(VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, expected = ours(tokens), theirs(tokens).logits
+    assert expected.std() > 1  # the tolerance is small next to the logits
+    assert (logits - expected).abs().max().item() <= 1e-5
+    prompt = [tok.bos_id] + tok.encode(PROMPT)
+    new = transformers_greedy_ids(theirs, prompt)
+    assert len(set(new)) > 3  # a real continuation, not one token repeated
+    assert greedy_ids(ours, prompt, tok.eos_id) == new
+    capsys.readouterr()
+    assert generate.main(["--ckpt", str(ckpt), "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "40",
+                          "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == tok.decode(prompt + new) + "\n"
+
+
+def run_export(*args: str) -> int:
+    return export.main([str(a) for a in args])
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+# --- export: this repo -> transformers ---------------------------------------------------------
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie):
+    model = randomize(Transformer(llama_cfg(tie_embeddings=tie)))
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs) is LlamaForCausalLM
+    assert (theirs.lm_head.weight is theirs.model.embed_tokens.weight) == tie
+    assert ("lm_head.weight" in load_file(tmp_path / "hf" / "model.safetensors")) == (not tie)
+    assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (tok.bos_id, tok.eos_id)
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys)
+
+    # and back: the exported directory loads here as the same model
+    reloaded, hf_dir = load_checkpoint(tmp_path / "hf")
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens), model(tokens))
+    assert hf_dir == tmp_path / "hf"
+
+
+def test_export_tokenizer_files_encode_like_ours(tmp_path, tokenizer_file, tok):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    assert (tmp_path / "hf" / "tokenizer.model").read_bytes() == tokenizer_file.read_bytes()
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    for text in TEXTS + corpus()[:50]:
+        ids = theirs.encode(text)
+        assert ids == [tok.bos_id] + tok.encode(text), text  # BOS first, as in training and generation
+        assert theirs.decode(ids, skip_special_tokens=True) == tok.decode(ids) == text
+
+
+def test_export_ships_only_tokenizer_model_when_transformers_would_encode_differently(tmp_path, capsys):
+    # with a dummy prefix, transformers' LlamaTokenizer drops the dummy space before leading whitespace
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus()), model_prefix=str(tmp_path / "sp"),
+                                   vocab_size=VOCAB, minloglevel=2, **TRAINER_SETTINGS | {"add_dummy_prefix": True})
+    prefixed = tmp_path / "sp.model"
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), prefixed)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    assert "note: no tokenizer_config.json: tokenizer.model has add_dummy_prefix=True" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors",
+                                                                   "tokenizer.model"]
+
+
+@pytest.mark.parametrize("switches", [
+    dict(norm="layernorm"), dict(norm_position="post"), dict(position="sinusoidal"), dict(position="learned"),
+    dict(position="none"), dict(ffn="relu"), dict(ffn="gelu"), dict(bias=True),
+    dict(norm="layernorm", norm_position="post", position="sinusoidal", ffn="relu", bias=True)])
+def test_export_refuses_non_llama_switches_naming_each(tmp_path, tokenizer_file, capsys, switches):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
+    named = one_error_line(capsys).split("equivalent for ")[1].split(" (LLaMA is")[0]
+    assert named == ", ".join(f"model.{key}={value}" for key, value in switches.items())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written, no temporary left
+
+
+def test_export_refuses_non_empty_out_unless_force(tmp_path, tokenizer_file, capsys):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), tokenizer_file)
+    out = tmp_path / "hf"
+    out.mkdir()
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", out) == 0  # an empty directory is fine
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", out) == 2
+    assert f"--out {out} exists and is not empty; pass --force" in one_error_line(capsys)
+    (out / "config.json").write_text("mine")
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", out) == 2
+    assert (out / "config.json").read_text() == "mine"
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", out, "--force") == 0
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf"]
+
+
+def test_export_refuses_vocab_mismatch(tmp_path, tokenizer_file, capsys):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(vocab_size=VOCAB + 20)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
+    assert f"the model has vocab_size={VOCAB + 20} but its tokenizer" in one_error_line(capsys)
+    assert not (tmp_path / "hf").exists()
+
+
+# --- import: transformers -> this repo ---------------------------------------------------------
+
+@pytest.mark.parametrize("tie, shard", [(True, False), (False, False), (False, True)])
+def test_import_transformers_dir_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie, shard):
+    theirs = hf_llama(tie)
+    theirs.save_pretrained(tmp_path / "hf", max_shard_size="40KB" if shard else "1GB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file() == shard
+    shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
+    ours, hf_dir = load_checkpoint(tmp_path / "hf")
+    assert hf_dir == tmp_path / "hf" and ours.cfg.tie_embeddings == tie
+    assert (ours.cfg.n_kv_heads, ours.cfg.d_ff, ours.cfg.rope_base, ours.cfg.norm_eps) == (2, 96, 500.0, 1e-4)
+    assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys)
+
+
+@pytest.fixture(scope="module")
+def hf_config_json(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("hf_cfg")
+    hf_llama(tie=True).config.save_pretrained(d)
+    return json.loads((d / "config.json").read_text())
+
+
+def write_hf_dir(d: Path, config: dict, tokenizer_file: Path | None) -> Path:
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(config))
+    if tokenizer_file is not None:
+        shutil.copyfile(tokenizer_file, d / "tokenizer.model")
+    return d
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("attention_bias", True, "attention_bias=True"), ("mlp_bias", True, "mlp_bias=True"),
+    ("hidden_act", "gelu", "hidden_act='gelu'"),
+    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, "rope_type='linear'"),
+    ("head_dim", 16, "head_dim=16"), ("intermediate_size", 64, "intermediate_size=64"),
+    ("vocab_size", VOCAB + 20, f"vocab_size={VOCAB + 20} but its tokenizer")])
+def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_config_json, key, value, named):
+    d = write_hf_dir(tmp_path / "hf", hf_config_json | {key: value}, tokenizer_file)
+    with pytest.raises(CheckpointError, match=named) as error:
+        load_checkpoint(d)
+    assert "\n" not in str(error.value)
+
+
+def test_import_refuses_non_llama_config_and_export_says_so(tmp_path, tokenizer_file, capsys):
+    d = tmp_path / "gpt2"
+    GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4).save_pretrained(d)
+    shutil.copyfile(tokenizer_file, d / "tokenizer.model")
+    with pytest.raises(CheckpointError, match="model_type='gpt2' is not supported; only model_type='llama'"):
+        load_checkpoint(d)
+    assert run_export("--ckpt", d, "--out", tmp_path / "out") == 2
+    assert "model_type='gpt2'" in one_error_line(capsys)
+    assert not (tmp_path / "out").exists()
+
+
+def test_import_needs_the_sentencepiece_model(tmp_path, hf_config_json):
+    d = write_hf_dir(tmp_path / "hf", hf_config_json, tokenizer_file=None)
+    with pytest.raises(CheckpointError, match="has no tokenizer.model"):
+        load_checkpoint(d)
