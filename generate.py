@@ -1,0 +1,113 @@
+"""Generate text from a checkpoint, with the KV cache (default) or without it (--no-kv-cache).
+
+    python generate.py --ckpt outputs/<date>/<time> --prompt "ROMEO:" --max-new-tokens 200 --top-k 50
+
+The prompt is BOS followed by --prompt's tokens. The first sample streams to stdout as its tokens
+arrive; with --num-samples N > 1 each sample gets a `--- sample i ---` header and samples 2 .. N are
+printed once the batch is done. Afterwards stderr gets prompt tokens, generated tokens, prefill and
+decode tokens/s and the KV cache's bytes. Bad input: one `error: ...` line on stderr, exit 2.
+"""
+import argparse
+import sys
+
+import torch
+
+from data.tokenizer import Tokenizer
+from model.checkpoint import CheckpointError, load_checkpoint
+from model.engine import Engine, SamplingError, check_sampling
+
+MAX_NUM_SAMPLES = 1024
+
+
+class UsageError(Exception):
+    """Bad command-line input; main prints it as one `error: ...` line and exits 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line naming the flag, instead of argparse's usage block
+        raise UsageError(message)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = _Parser(description="Generate text from a nanollama checkpoint.")
+    parser.add_argument("--ckpt", required=True, help="a run dir or its ckpt/ dir")
+    parser.add_argument("--prompt", default="", help="text after BOS (default: BOS only)")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, help="sample in the smallest set whose probability exceeds p")
+    parser.add_argument("--seed", type=int, help="the same seed gives the same text")
+    parser.add_argument("--num-samples", type=int, default=1, help="samples generated together, as one batch")
+    parser.add_argument("--no-kv-cache", action="store_true", help="recompute the whole prefix every step")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="run every sample for --max-new-tokens, for benchmarks")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    try:
+        check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
+    except SamplingError as e:
+        raise UsageError(f"--{e.setting.replace('_', '-')}={e.value} {e.rule}") from None
+    if not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
+        raise UsageError(f"--num-samples={args.num_samples} must be in [1, {MAX_NUM_SAMPLES}]")
+    try:
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError, NotImplementedError) as e:  # unknown name, or a backend not built in
+        raise UsageError(f"--device={args.device} is not usable here: {str(e).splitlines()[0]}") from None
+    return args
+
+
+class TextStream:
+    """Prints a growing token sequence as text. Each call decodes the whole sequence and prints what
+    is new, so pieces that only make sense together (the UTF-8 bytes of one character, in byte
+    fallback) come out right; an unfinished character decodes as U+FFFD and is held back."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.printed = ""
+
+    def show(self, ids: list[int], final: bool = False) -> None:
+        text = self.tokenizer.decode(ids)
+        if not final:
+            text = text.rstrip("\ufffd")
+        if text.startswith(self.printed):
+            sys.stdout.write(text[len(self.printed):])
+            sys.stdout.flush()
+            self.printed = text
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(argv)
+        model, ckpt_dir = load_checkpoint(args.ckpt, args.device)
+    except (UsageError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        tokenizer = Tokenizer(ckpt_dir / "tokenizer.model")
+    except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot parse
+        print(f"error: corrupt tokenizer {ckpt_dir / 'tokenizer.model'}: {e}", file=sys.stderr)
+        return 2
+
+    engine = Engine(model, tokenizer)
+    prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
+    samples = [list(prompt) for _ in range(args.num_samples)]
+    steps = engine.generate([prompt] * args.num_samples, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                            use_cache=not args.no_kv_cache, eos_id=None if args.ignore_eos else tokenizer.eos_id)
+    if args.num_samples > 1:
+        print("--- sample 1 ---")
+    stream = TextStream(tokenizer)
+    for new_ids in steps:
+        for sample, new_id in zip(samples, new_ids.tolist()):
+            sample.append(new_id)  # an ended sample gets EOS again, which decode drops
+        stream.show(samples[0])
+    stream.show(samples[0], final=True)
+    print()
+    for i, sample in enumerate(samples[1:], start=2):
+        print(f"--- sample {i} ---")
+        print(tokenizer.decode(sample))
+    print(engine.stats, file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,209 @@
+"""The one generation loop, shared by generate.py, training's samples and bench.py.
+
+    prompts: [B, P] --prefill: one forward over the whole prompt--> logits [B, V] --sample--> ids [B]
+    then, per new token, either
+      cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
+      uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
+    cache k, v: [n_layers, B, n_kv_heads, max_len, head_dim], max_len = min(context_length, P + max_new_tokens - 1),
+    allocated once per generation and written in place (the last new token is never fed back).
+
+Sampling: temperature 0 is greedy argmax. Otherwise softmax(logits / temperature), restricted to the
+top_k largest logits (every logit tied with the k-th is kept) and then to the top_p nucleus: the
+smallest set of most likely tokens whose probability sum exceeds top_p (among equal probabilities the
+lower token id ranks first). A seed gives a torch.Generator of its own, so one seed gives one text.
+
+Limits:
+- All prompts of a batch have the same length (generate.py repeats one prompt); there is no padding.
+- A prompt longer than context_length is cut from the left, keeping its last context_length tokens,
+  with a warning on stderr.
+- When a new token would not fit in the context, the window slides: the last context_length // 2
+  tokens are kept and re-prefilled at positions 0 .. context_length // 2 - 1, then generation goes on.
+  Positions restart at 0, so this works for RoPE, absolute and no positions alike; the cost is one
+  prefill per context_length // 2 new tokens, and the model only sees the window.
+- eos_id: a sample that emits it has ended; it keeps yielding eos_id until the whole batch has ended,
+  which stops the run. eos_id=None: every sample runs for max_new_tokens.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from model.kv_cache import KVCache
+from model.transformer import Transformer
+
+MAX_NEW_TOKENS = 1_000_000
+
+
+class SamplingError(ValueError):
+    """A generation setting out of range; .setting is the argument's name, so a CLI can name its flag."""
+
+    def __init__(self, setting: str, value, rule: str):
+        self.setting, self.value, self.rule = setting, value, rule
+        super().__init__(f"{setting}={value!r} {rule}")
+
+
+def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None) -> None:
+    if not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
+        raise SamplingError("max_new_tokens", max_new_tokens, f"must be in [1, {MAX_NEW_TOKENS:,}]")
+    if not 0 <= temperature < math.inf:  # also rejects NaN
+        raise SamplingError("temperature", temperature, "must be a finite number >= 0 (0 = greedy)")
+    if top_k is not None and top_k < 1:
+        raise SamplingError("top_k", top_k, "must be >= 1 (leave it out to keep every token)")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise SamplingError("top_p", top_p, "must be in (0, 1]")
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """logits: [B, V]; everything below the k-th largest logit becomes -inf."""
+    kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """logits: [B, V]; keeps the smallest set of most likely tokens whose probability sum exceeds p.
+    A token is kept when the tokens ranked before it sum to at most p."""
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(dim=-1)
+    drop_sorted = probs.cumsum(dim=-1) - probs > p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, -math.inf)
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+           generator: torch.Generator | None) -> torch.Tensor:
+    """logits: [B, V] -> next token ids [B]."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and top_p < 1:
+        logits = top_p_filter(logits, top_p)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@dataclass
+class GenerationStats:
+    """Counts of one run, over the whole batch. The decode clock covers sampling and every forward after
+    the prefill (slides included), not the time the caller spends between two tokens."""
+    prompt_tokens: int = 0
+    generated_tokens: int = 0  # tokens of samples that had not ended, their EOS included
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    cache_bytes: int = 0
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s else 0.0
+
+    def __str__(self) -> str:
+        return (f"prompt tokens {self.prompt_tokens} | generated tokens {self.generated_tokens} | "
+                f"prefill {self.prefill_tokens_per_s:,.0f} tokens/s | decode {self.decode_tokens_per_s:,.0f} tokens/s | "
+                f"KV cache {self.cache_bytes:,} bytes")
+
+
+class Engine:
+    def __init__(self, model: Transformer, tokenizer=None):
+        self.model = model
+        self.tokenizer = tokenizer  # needed by complete() only
+        self.stats = GenerationStats()  # of the latest run, updated as it goes
+
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 use_cache: bool = True, eos_id: int | None = None):
+        """Yields the new token ids of every sample, a LongTensor [B], once per step. The arguments
+        are checked here, before the first token, so a bad one raises at the call."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p)
+        if not prompts or not all(prompts):
+            raise ValueError("every prompt needs at least one token, e.g. BOS")
+        if len({len(p) for p in prompts}) > 1:
+            raise ValueError(f"prompts of one batch must have one length, got {sorted({len(p) for p in prompts})}")
+        context = self.model.cfg.context_length
+        if len(prompts[0]) > context:
+            print(f"warning: the prompt has {len(prompts[0])} tokens, more than model.context_length={context}; "
+                  f"keeping its last {context}", file=sys.stderr)
+            prompts = [p[-context:] for p in prompts]
+        device = self.model.tok_emb.weight.device
+        generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
+        pick = partial(sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        return self._run(torch.tensor(prompts, device=device), max_new_tokens, pick, use_cache, eos_id)
+
+    def complete(self, prompt: str, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = None,
+                 seed: int | None = None) -> str:
+        """BOS + prompt, continued until EOS or max_new_tokens; returns prompt and continuation, decoded together."""
+        if self.tokenizer is None:
+            raise ValueError("Engine.complete needs a tokenizer: Engine(model, tokenizer)")
+        ids = [self.tokenizer.bos_id] + self.tokenizer.encode(prompt)
+        new = [int(step[0]) for step in self.generate([ids], max_new_tokens, temperature, top_k, seed=seed,
+                                                       eos_id=self.tokenizer.eos_id)]
+        return self.tokenizer.decode(ids + new)
+
+    @torch.inference_mode()
+    def _run(self, prompt: torch.Tensor, max_new_tokens: int, pick, use_cache: bool, eos_id: int | None):
+        model, context = self.model, self.model.cfg.context_length
+        batch, prompt_len = prompt.shape
+        keep = max(1, context // 2)  # tokens kept when the window slides
+        # The tokens the model sees, at positions 0 .. n - 1; the spare slot holds the token that overflows it.
+        window = torch.empty(batch, context + 1, dtype=torch.long, device=prompt.device)
+        window[:, :prompt_len] = prompt
+        n = prompt_len
+        cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1)) if use_cache else None
+        self.stats = stats = GenerationStats(prompt_tokens=batch * prompt_len,
+                                             cache_bytes=cache.nbytes if cache is not None else 0)
+        ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
+        was_training = model.training
+        model.eval()
+        try:
+            clock = time.perf_counter()
+            logits = self._forward(window[:, :n], 0, cache)
+            stats.prefill_s = self._elapsed(clock)
+            clock = time.perf_counter()
+            for step in range(max_new_tokens):
+                if step:
+                    window[:, n] = next_id
+                    n += 1
+                    if n > context:  # slide: keep the last `keep` tokens, re-prefill them from position 0
+                        window[:, :keep] = window[:, n - keep:n]
+                        n = keep
+                        logits = self._forward(window[:, :n], 0, cache)
+                    elif cache is None:  # the O(n^2) path the cache removes: recompute the whole prefix
+                        logits = self._forward(window[:, :n], 0, None)
+                    else:
+                        logits = self._decode_step(next_id, n - 1, cache)
+                next_id = pick(logits)
+                if eos_id is None:
+                    stats.generated_tokens += batch
+                else:
+                    stats.generated_tokens += batch - int(ended.sum())
+                    next_id = next_id.masked_fill(ended, eos_id)
+                    ended |= next_id == eos_id
+                finished = eos_id is not None and bool(ended.all())
+                stats.decode_s += self._elapsed(clock)
+                yield next_id
+                if finished:
+                    return
+                clock = time.perf_counter()
+        finally:
+            model.train(was_training)
+
+    def _decode_step(self, token_ids: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
+        """One new token per sample, ids [B] at `position`, reading and extending the cache -> logits [B, V]."""
+        return self._forward(token_ids[:, None], position, cache)
+
+    def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None) -> torch.Tensor:
+        """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V]."""
+        return self.model(tokens, start, cache)[:, -1]
+
+    def _elapsed(self, since: float) -> float:
+        if self.model.tok_emb.weight.is_cuda:  # kernels run asynchronously; wait for them before reading the clock
+            torch.cuda.synchronize()
+        return time.perf_counter() - since

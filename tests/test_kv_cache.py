@@ -1,0 +1,110 @@
+"""model/kv_cache.py: the cache's allocation against the formula, in-place writes, and the memory
+estimator against the chapter's LLaMA-2-7B table."""
+import json
+
+import pytest
+import torch
+
+from data.tokenizer import train_tokenizer
+from model import KVCache, ModelConfig, Transformer
+from model.checkpoint import save_checkpoint
+from model.kv_cache import EstimatorError, estimate, kv_cache_bytes, kv_projections, main
+
+LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", "fp16"]
+
+
+@pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)])
+def test_allocated_bytes_equal_the_formula(dtype, size):
+    cache = KVCache(n_layers=3, batch=2, n_kv_heads=2, max_len=10, head_dim=8, dtype=dtype)
+    assert cache.k.shape == cache.v.shape == (3, 2, 2, 10, 8)
+    assert cache.nbytes == kv_cache_bytes(3, 2, 8, 10, batch=2, bytes_per_element=size) == 2 * 3 * 2 * 8 * 10 * 2 * size
+
+
+def test_fewer_kv_heads_shrink_the_cache_by_n_heads_over_n_kv_heads():
+    sizes = {kv: Transformer(ModelConfig(vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=kv,
+                                         context_length=16)).new_kv_cache(batch=1).nbytes for kv in (4, 2, 1)}
+    assert sizes == {4: 2 * 2 * 4 * 8 * 16 * 4, 2: 2 * 2 * 2 * 8 * 16 * 4, 1: 2 * 2 * 1 * 8 * 16 * 4}
+
+
+def test_update_writes_in_place_and_returns_the_prefix():
+    cache = KVCache(n_layers=2, batch=1, n_kv_heads=2, max_len=6, head_dim=4)
+    storage = cache.k.data_ptr()
+    first = torch.randn(1, 2, 4, 4)
+    cache.update(1, 0, first, -first)
+    step = torch.randn(1, 2, 1, 4)
+    k, v = cache.update(1, 4, step, -step)
+    assert cache.k.data_ptr() == storage and k.data_ptr() == cache.k[1].data_ptr()  # views, no copy
+    torch.testing.assert_close(k, torch.cat([first, step], dim=2), rtol=0, atol=0)
+    torch.testing.assert_close(v, -k, rtol=0, atol=0)
+    assert cache.k[0].abs().sum() == 0  # other layers untouched
+    with pytest.raises(ValueError, match="KV cache overflow: position 7 > max_len 6"):
+        cache.update(1, 5, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+
+
+@pytest.mark.parametrize("kv_heads,exact,chapter", [("32", "2,147,483,648", 2.1), ("8", "536,870,912", 0.54),
+                                                    ("1", "67,108,864", 0.07)])
+def test_estimator_reproduces_the_chapter_table(kv_heads, exact, chapter, capsys):
+    assert main(LLAMA2_7B + ["--kv-heads", kv_heads]) == 0
+    report = capsys.readouterr().out
+    assert f"= {exact} bytes" in report
+    gb = float(report.split(" bytes = ")[1].split(" GB")[0])
+    assert round(gb, len(str(chapter).split(".")[1])) == chapter
+
+
+def test_estimator_reads_a_transformers_config(tmp_path):
+    config = {"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 32,
+              "max_position_embeddings": 4096, "model_type": "llama"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert "= 2,147,483,648 bytes" in estimate(["--hf-config", str(path)])  # kv heads default to heads
+    assert "= 536,870,912 bytes" in estimate(["--hf-config", str(path), "--kv-heads", "8"])  # a flag overrides it
+    path.write_text(json.dumps(config | {"num_key_value_heads": 1, "head_dim": 64}))
+    assert f"= {kv_cache_bytes(32, 1, 64, 4096):,} bytes" in estimate(["--hf-config", str(path)])
+    assert f"= {kv_cache_bytes(32, 1, 64, 100, batch=3, bytes_per_element=4):,} bytes" in estimate(
+        ["--hf-config", str(path), "--seq", "100", "--batch", "3", "--dtype", "fp32"])
+
+
+def test_estimator_reads_a_checkpoint(tmp_path):
+    tokenizer = train_tokenizer([f"line {i} of some text" for i in range(200)], 280, tmp_path / "tokenizer.model")
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2,
+                      context_length=48)
+    save_checkpoint(tmp_path / "run" / "ckpt", Transformer(cfg), tokenizer.model_file)
+    report = estimate(["--ckpt", str(tmp_path / "run"), "--dtype", "fp32"])
+    assert f"= {kv_cache_bytes(3, 2, 16, 48, bytes_per_element=4):,} bytes" in report
+    # and the same as the model's own figure per token
+    assert f"{Transformer(cfg).kv_cache_bytes_per_token(torch.float32):,} bytes per token" in report
+
+
+def test_projection_counts(capsys):
+    assert kv_projections(4) == (10, 4)  # the chapter's 1 + 2 + 3 + 4 vs 4
+    assert kv_projections(100, prompt_tokens=1) == (5050, 100)
+    assert kv_projections(5, prompt_tokens=3) == (3 + 4 + 5 + 6 + 7, 3 + 4)
+    assert main(["--new-tokens", "4"]) == 0
+    assert capsys.readouterr().out == ("K/V projections per layer for 4 new tokens after a 1-token prompt: "
+                                       "10 without a cache, 4 with one\n")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (LLAMA2_7B + ["--kv-heads", "0"], "--kv-heads=0 must be a positive integer"),
+    (LLAMA2_7B + ["--kv-heads", "8", "--batch", "-1"], "--batch=-1 must be a positive integer"),
+    (["--layers", "32", "--seq", "10"], "give --kv-heads, --head-dim (or --ckpt / --hf-config)"),
+    (["--layers", "many"], "argument --layers: invalid int value: 'many'"),
+    (["--new-tokens", "0"], "--new-tokens=0 must be a positive integer"),
+    (["--hf-config", "/nonexistent/config.json"], "--hf-config /nonexistent/config.json: cannot read it"),
+    (["--ckpt", "/nonexistent"], "--ckpt /nonexistent: no checkpoint at /nonexistent"),
+    (["--ckpt", "a", "--hf-config", "b"], "argument --hf-config: not allowed with argument --ckpt"),
+])
+def test_estimator_bad_input_gets_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
+def test_estimator_rejects_a_file_that_is_not_a_model_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"hidden_size": 64}))
+    with pytest.raises(EstimatorError, match="not a transformers model config, missing 'num_attention_heads'"):
+        estimate(["--hf-config", str(path)])
+    path.write_text("{oops")
+    with pytest.raises(EstimatorError, match="not JSON"):
+        estimate(["--hf-config", str(path)])
