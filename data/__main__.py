@@ -1,0 +1,32 @@
+"""python -m data [Hydra overrides]: build (or reuse) the tokenizer and token cache of a data config
+and print what is in it, e.g. `python -m data data=text data.path='books/*.txt' data.vocab_size=8192`."""
+import sys
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from data import DataError, prepare_data
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def main(overrides: list[str]):
+    try:
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+        started = time.perf_counter()
+        data = prepare_data(cfg.data, cfg.model.context_length, OmegaConf.select(cfg, "train.micro_batch_size", default=1))
+    except (DataError, HydraException) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"prepare_data: {time.perf_counter() - started:.2f} s, vocab {data.tokenizer.vocab_size}, cache {data.cache_dir}")
+    for split, s in data.stats.items():
+        print(f"{split}: {s['documents']} documents, {s['characters']:,} characters, {s['bytes']:,} bytes, "
+              f"{s['tokens']:,} tokens, {data.bytes_per_token[split]:.3f} bytes/token")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

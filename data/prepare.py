@@ -1,0 +1,240 @@
+"""Corpus -> train/val split -> tokenizer -> flat token streams, cached on disk.
+
+Cache layout: <data.cache_dir>/<data.name>-<key>/ holds tokenizer.model, train.bin, val.bin
+(raw uint16 ids, uint32 above 65536 pieces) and manifest.json. The key hashes the source's
+identity and every setting the tokens depend on, plus CACHE_FORMAT, so a changed setting gets a
+fresh directory and an unchanged one is memory-mapped without touching the corpus.
+Each file is written to a temporary name and renamed; manifest.json goes last and records every
+stream's length, so a cache half written by a killed process (no manifest), truncated (wrong size)
+or written by another format is rebuilt, never used.
+
+Each stream is the split's documents, each as BOS + ids + EOS, joined end to end.
+"""
+import functools
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import numpy as np
+from tqdm import tqdm
+
+from data.sources import SOURCES, DataError
+from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
+
+CACHE_FORMAT = 1
+REQUIRED_SETTINGS = ("name", "source", "vocab_size", "val_fraction", "cache_dir", "num_proc")
+SPLITS = ("train", "val")
+
+
+@dataclass
+class TokenData:
+    tokenizer: Tokenizer
+    train: np.ndarray  # 1-D memmap of token ids
+    val: np.ndarray
+    bytes_per_token: dict  # {"train": float, "val": float}: UTF-8 bytes of the split / its tokens, BOS and EOS included
+    stats: dict  # per split: documents, characters, bytes, tokens
+    cache_dir: Path
+
+
+def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
+    cfg = as_dict(data_cfg)
+    check_settings(cfg)
+    source = SOURCES[cfg["source"]](cfg)
+    key_fields = {
+        "format": CACHE_FORMAT,
+        "source": cfg["source"],
+        "identity": source.identity,
+        "vocab_size": cfg["vocab_size"],
+        "val_fraction": cfg["val_fraction"],
+        "tokenizer": TRAINER_SETTINGS,
+    }
+    key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
+    cache = Path(cfg["cache_dir"]).expanduser() / f"{cfg['name']}-{key}"
+
+    manifest = read_manifest(cache, key)
+    if manifest is None:
+        manifest = build_cache(cache, key, source, cfg)
+    else:
+        print(f"data: using cached tokens in {cache}")
+    dtype = np.dtype(manifest["dtype"])
+    streams = {split: np.memmap(cache / f"{split}.bin", dtype=dtype, mode="r") for split in SPLITS}
+    stats = manifest["splits"]
+
+    needed = batch_size * (context_length + 1)
+    for split in SPLITS:
+        if len(streams[split]) < needed:
+            raise DataError(f"{describe(cfg)}: the {split} split has {len(streams[split])} tokens, fewer than one batch "
+                            f"of batch_size={batch_size} x (context_length={context_length} + 1) = {needed}")
+    return TokenData(
+        tokenizer=Tokenizer(cache / "tokenizer.model"),
+        train=streams["train"],
+        val=streams["val"],
+        bytes_per_token={split: stats[split]["bytes"] / stats[split]["tokens"] for split in SPLITS},
+        stats=stats,
+        cache_dir=cache,
+    )
+
+
+def as_dict(data_cfg) -> dict:
+    if isinstance(data_cfg, dict):
+        return dict(data_cfg)
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(data_cfg, resolve=True)
+
+
+def describe(cfg) -> str:
+    return f"data.path={cfg['path']!r}" if cfg["source"] == "text" else f"data={cfg['name']}"
+
+
+def check_settings(cfg):
+    for key in REQUIRED_SETTINGS:
+        if cfg.get(key) is None:
+            raise DataError(f"data.{key} is not set")
+    if cfg["source"] not in SOURCES:
+        raise DataError(f"data.source={cfg['source']!r} is not one of {', '.join(SOURCES)}")
+    for key in ("vocab_size", "num_proc"):
+        if not isinstance(cfg[key], int) or cfg[key] < 1:
+            raise DataError(f"data.{key}={cfg[key]!r} must be a positive integer")
+    if not isinstance(cfg["val_fraction"], (int, float)) or not 0 < cfg["val_fraction"] <= 0.5:
+        raise DataError(f"data.val_fraction={cfg['val_fraction']!r} must be in (0, 0.5]")
+
+
+def split_documents(docs: datasets.Dataset, val_fraction: float):
+    """Deterministic split. n * val_fraction whole documents (rounded half up), spread evenly through
+    the corpus, go to val. With too few documents for that (fewer than 0.5 / val_fraction), each
+    document's last ceil(len * val_fraction) characters go to val and the rest to train."""
+    n = len(docs)
+    n_val = math.floor(n * val_fraction + 0.5)
+    if n_val >= 1:
+        val_rows = [(2 * k + 1) * n // (2 * n_val) for k in range(n_val)]
+        held_out = set(val_rows)
+        return docs.select([i for i in range(n) if i not in held_out]), docs.select(val_rows)
+    heads, tails = [], []
+    for text in docs["text"]:
+        cut = len(text) - math.ceil(len(text) * val_fraction)
+        heads.append(text[:cut])
+        tails.append(text[cut:])
+    return datasets.Dataset.from_dict({"text": heads}), datasets.Dataset.from_dict({"text": tails})
+
+
+def read_manifest(cache: Path, key: str):
+    """The manifest if the cache in `cache` is complete and ours, else None."""
+    try:
+        manifest = json.loads((cache / "manifest.json").read_text())
+        itemsize = np.dtype(manifest["dtype"]).itemsize
+        complete = (
+            manifest["format"] == CACHE_FORMAT
+            and manifest["key"] == key
+            and (cache / "tokenizer.model").is_file()
+            and all((cache / f"{s}.bin").stat().st_size == manifest["splits"][s]["tokens"] * itemsize for s in SPLITS)
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return manifest if complete else None
+
+
+def atomic_write(path: Path, write):
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+def build_cache(cache: Path, key: str, source, cfg) -> dict:
+    print(f"data: building {describe(cfg)} tokens in {cache}")
+    docs = source.load()
+    if len(docs) == 0:
+        raise DataError(f"{describe(cfg)}: the corpus has no documents")
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "manifest.json").unlink(missing_ok=True)  # from here on the old streams must not be used
+    train_docs, val_docs = split_documents(docs, cfg["val_fraction"])
+
+    model_file = cache / "tokenizer.model"
+    if model_file.is_file():  # same key -> same corpus and settings: a tokenizer that made it to disk is final
+        tokenizer = Tokenizer(model_file)
+    else:
+        tokenizer = train_on(train_docs, cfg, model_file)
+    dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
+    splits = {
+        split: write_stream(split_docs, model_file, dtype, cache / f"{split}.bin", cfg["num_proc"], split)
+        for split, split_docs in zip(SPLITS, (train_docs, val_docs))
+    }
+    manifest = {"format": CACHE_FORMAT, "key": key, "dtype": dtype.name, "splits": splits}
+    atomic_write(cache / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    for split, s in splits.items():
+        print(f"data: {split}: {s['documents']} docs, {s['characters']:,} chars, {s['tokens']:,} tokens, "
+              f"{s['bytes'] / s['tokens']:.3f} bytes/token")
+    return manifest
+
+
+def train_on(train_docs: datasets.Dataset, cfg, model_file: Path) -> Tokenizer:
+    n_chars = 0
+
+    def lines():
+        nonlocal n_chars
+        with tqdm(total=len(train_docs), desc="tokenizer: reading train documents", unit="doc") as bar:
+            for batch in train_docs.iter(batch_size=256):
+                for text in batch["text"]:
+                    n_chars += len(text)
+                    yield from text.split("\n")
+                bar.update(len(batch["text"]))
+
+    print(f"data: training a {cfg['vocab_size']}-piece BPE tokenizer on the train split")
+    try:
+        return train_tokenizer(lines(), cfg["vocab_size"], model_file)
+    except RuntimeError as e:
+        if n_chars == 0:
+            raise DataError(f"{describe(cfg)}: the train split has no text") from None
+        reason = str(e).strip().splitlines()[-1].split("] ")[-1]  # drop SentencePiece's source location
+        raise DataError(f"data.vocab_size={cfg['vocab_size']}: the train split of {describe(cfg)} cannot "
+                        f"support it: {reason}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def cached_tokenizer(model_file: str, written_ns: int) -> Tokenizer:
+    return Tokenizer(model_file)  # loaded once per worker process of datasets.map
+
+
+def encode_documents(batch, model_file: str, written_ns: int, dtype: str):
+    tokenizer = cached_tokenizer(model_file, written_ns)
+    texts = batch["text"]
+    return {
+        "ids": [np.array([tokenizer.bos_id, *tokenizer.encode(t), tokenizer.eos_id], dtype=dtype) for t in texts],
+        "characters": [len(t) for t in texts],
+        "bytes": [len(t.encode("utf-8")) for t in texts],
+    }
+
+
+def write_stream(docs: datasets.Dataset, model_file: Path, dtype: np.dtype, path: Path, num_proc, split: str) -> dict:
+    workers = min(num_proc, len(docs))
+    encoded = docs.map(
+        encode_documents,
+        batched=True,
+        batch_size=16,  # small batches: the progress bar moves even on corpora of a few long documents
+        num_proc=workers if workers > 1 else None,  # datasets starts a process pool even for num_proc=1
+        remove_columns=docs.column_names,
+        # The file's write time tells a retrained tokenizer apart, for our cache and for datasets' own.
+        fn_kwargs={"model_file": str(model_file), "written_ns": model_file.stat().st_mtime_ns, "dtype": dtype.name},
+        desc=f"tokenizing {split}",
+    )
+    n_tokens = 0
+
+    def write(f):
+        nonlocal n_tokens
+        for chunk in encoded.data.column("ids").chunks:  # flatten() honours the chunk's row offsets
+            ids = chunk.flatten().to_numpy().astype(dtype, copy=False)
+            f.write(ids.tobytes())
+            n_tokens += len(ids)
+
+    atomic_write(path, write)
+    return {
+        "documents": len(docs),
+        "characters": sum(encoded["characters"]),
+        "bytes": sum(encoded["bytes"]),
+        "tokens": n_tokens,
+    }

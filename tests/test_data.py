@@ -1,0 +1,269 @@
+"""Corpora, the train/val split, the token cache and bad input (see data/prepare.py)."""
+import json
+import math
+import os
+import socket
+
+import datasets
+import numpy as np
+import pytest
+from data_helpers import data_settings, documents
+
+from data import DataError, prepare_data
+from data.__main__ import main as data_main
+from data.prepare import split_documents
+from data.sources import play_text, shakespeare
+
+PLAY_MARKDOWN = """# The Tempest
+
+## ACT I
+
+### SCENE I. On a ship at sea.
+
+_Enter a Master and a Boatswain_
+
+**MASTER**  
+Boatswain!
+
+**BOATSWAIN**  
+Here, master: what cheer?  
+_\\[Aside]_ Good, speak to the mariners.\\--fall to't.
+"""
+
+PLAY_TEXT = """The Tempest
+
+ACT I
+
+SCENE I. On a ship at sea.
+
+Enter a Master and a Boatswain
+
+MASTER
+Boatswain!
+
+BOATSWAIN
+Here, master: what cheer?
+[Aside] Good, speak to the mariners.--fall to't.
+"""
+
+
+def test_play_markdown_becomes_plain_play_text():
+    assert play_text(PLAY_MARKDOWN) == PLAY_TEXT
+
+
+def block_network(patch: pytest.MonkeyPatch):
+    def refuse(*args, **kwargs):
+        raise OSError("network blocked by the test")
+
+    patch.setattr(socket.socket, "connect", refuse)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    block_network(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def shakespeare_data(tmp_path_factory):
+    # A small vocabulary keeps tokenizer training fast; the corpus is the full default one.
+    cfg = data_settings("shakespeare", tmp_path_factory.mktemp("cache"), vocab_size=512, num_proc=1)
+    with pytest.MonkeyPatch.context() as patch:
+        block_network(patch)
+        return prepare_data(cfg, context_length=64, batch_size=4)
+
+
+def test_embedded_plays_are_38_plain_documents(no_network):
+    plays = shakespeare({}).load()["text"]
+    assert len(plays) == 38
+    assert 4_500_000 < sum(map(len, plays)) < 5_500_000
+    for play in plays:
+        assert not any(mark in play for mark in ("**", "_", "#", "\\"))
+    assert plays[0].startswith("A Midsummer Night's Dream\n\nACT I\n\nSCENE I. Athens. The palace of THESEUS.\n\n"
+                               "Enter THESEUS, HIPPOLYTA, PHILOSTRATE, and Attendants\n\nTHESEUS\nNow, fair Hippolyta")
+
+
+def test_default_corpus_prepares_with_the_network_blocked(shakespeare_data):
+    data = shakespeare_data
+    plays = shakespeare({}).load()["text"]
+    assert data.stats["train"]["documents"] == 36 and data.stats["val"]["documents"] == 2
+    assert data.train.dtype == np.uint16 and data.tokenizer.vocab_size == 512
+    # The streams decode back to exactly the plays: val holds plays 9 and 28 of 38, train the rest in order.
+    assert documents(data.val, data.tokenizer) == [plays[9], plays[28]]
+    assert documents(data.train, data.tokenizer) == [p for i, p in enumerate(plays) if i not in (9, 28)]
+    for split, stream in (("train", data.train), ("val", data.val)):
+        stats = data.stats[split]
+        assert stats["tokens"] == len(stream)
+        assert data.bytes_per_token[split] == stats["bytes"] / len(stream)
+        assert 1.5 < data.bytes_per_token[split] < 4
+
+
+def test_split_holds_out_whole_documents_spread_evenly():
+    docs = datasets.Dataset.from_dict({"text": [f"doc {i}" for i in range(40)]})
+    train, val = split_documents(docs, 0.05)
+    assert val["text"] == ["doc 10", "doc 30"]
+    assert train["text"] == [f"doc {i}" for i in range(40) if i not in (10, 30)]
+    assert split_documents(docs, 0.05)[1]["text"] == val["text"]
+
+
+def test_split_with_few_documents_holds_out_each_tail():
+    texts = ["a" * 100, "b" * 55]
+    train, val = split_documents(datasets.Dataset.from_dict({"text": texts}), 0.1)
+    assert val["text"] == ["a" * 10, "b" * 6]
+    assert [h + t for h, t in zip(train["text"], val["text"])] == texts
+
+
+# --- the text source and the cache ------------------------------------------------------------------
+
+def write_corpus(folder, n_files=4, lines=60) -> list:
+    folder.mkdir(exist_ok=True)
+    paths = []
+    for i in range(n_files):
+        text = "".join(f"File {i}, line {j}: the  quick\tbrown fox — café {j * i}.\n" for j in range(lines))
+        path = folder / f"part{i}.txt"
+        path.write_text(text, encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def text_settings(tmp_path, path, **changes):
+    return data_settings("text", tmp_path / "cache", path=path, vocab_size=300, num_proc=1, **changes)
+
+
+def test_text_source_reads_globs_one_document_per_file(tmp_path):
+    paths = write_corpus(tmp_path / "corpus")
+    data = prepare_data(text_settings(tmp_path, str(tmp_path / "corpus" / "*.txt"), val_fraction=0.25), 16, 4)
+    texts = [p.read_text(encoding="utf-8") for p in paths]
+    assert documents(data.val, data.tokenizer) == [texts[2]]
+    assert documents(data.train, data.tokenizer) == [texts[0], texts[1], texts[3]]
+    non_ascii = sum(len(t.encode()) - len(t) for t in texts[:2] + texts[3:])
+    assert data.stats["train"]["bytes"] == data.stats["train"]["characters"] + non_ascii
+
+
+def test_more_processes_give_the_same_stream(tmp_path):
+    write_corpus(tmp_path / "corpus")
+    path = str(tmp_path / "corpus" / "*.txt")
+    one = prepare_data(data_settings("text", tmp_path / "one", path=path, vocab_size=300, num_proc=1), 16, 4)
+    two = prepare_data(data_settings("text", tmp_path / "two", path=path, vocab_size=300, num_proc=2), 16, 4)
+    assert np.array_equal(one.train, two.train) and np.array_equal(one.val, two.val)
+
+
+@pytest.fixture
+def corpus_cfg(tmp_path):
+    return text_settings(tmp_path, str(write_corpus(tmp_path / "corpus", n_files=1)[0]))
+
+
+def refuse_to_load(monkeypatch):
+    def load_dataset(*args, **kwargs):
+        raise AssertionError("the corpus was read although the cache is valid")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+
+
+def test_unchanged_settings_reuse_the_cache_without_reading_the_corpus(corpus_cfg, monkeypatch):
+    first = prepare_data(corpus_cfg, 16, 4)
+    refuse_to_load(monkeypatch)
+    second = prepare_data(corpus_cfg, 16, 4)
+    assert second.cache_dir == first.cache_dir
+    assert np.array_equal(second.train, first.train) and np.array_equal(second.val, first.val)
+
+
+def test_changed_settings_or_corpus_rebuild(corpus_cfg):
+    first = prepare_data(corpus_cfg, 16, 4)
+    bigger_vocab = prepare_data(dict(corpus_cfg, vocab_size=320), 16, 4)
+    assert bigger_vocab.cache_dir != first.cache_dir and bigger_vocab.tokenizer.vocab_size == 320
+    n_chars = first.stats["train"]["characters"] + first.stats["val"]["characters"]
+    assert prepare_data(dict(corpus_cfg, val_fraction=0.2), 16, 4).stats["val"]["characters"] == math.ceil(0.2 * n_chars)
+    with open(corpus_cfg["path"], "a", encoding="utf-8") as f:
+        f.write("An added closing line.\n")
+    edited = prepare_data(corpus_cfg, 16, 4)
+    assert edited.cache_dir != first.cache_dir
+    assert edited.tokenizer.decode(edited.val).endswith("An added closing line.\n")
+
+
+def break_truncate(cache):
+    with open(cache / "train.bin", "r+b") as f:
+        f.truncate(os.path.getsize(cache / "train.bin") - 2)
+
+
+def break_manifest_missing(cache):  # as left by a process killed before the manifest was written
+    (cache / "manifest.json").unlink()
+
+
+def break_foreign_format(cache):
+    manifest = json.loads((cache / "manifest.json").read_text())
+    (cache / "manifest.json").write_text(json.dumps(dict(manifest, format=manifest["format"] + 1)))
+
+
+@pytest.mark.parametrize("damage", [break_truncate, break_manifest_missing, break_foreign_format])
+def test_damaged_or_foreign_cache_is_rebuilt_not_used(corpus_cfg, damage):
+    first = prepare_data(corpus_cfg, 16, 4)
+    train, val = np.array(first.train), np.array(first.val)
+    tokenizer_written = os.stat(first.tokenizer.model_file).st_mtime_ns
+    damage(first.cache_dir)
+    rebuilt = prepare_data(corpus_cfg, 16, 4)
+    assert np.array_equal(rebuilt.train, train) and np.array_equal(rebuilt.val, val)
+    assert os.stat(rebuilt.tokenizer.model_file).st_mtime_ns == tokenizer_written  # the tokenizer is reused
+
+
+# --- bad input: one line naming the setting -------------------------------------------------------
+
+def assert_one_line_error(cfg, *fragments, context_length=16, batch_size=4):
+    with pytest.raises(DataError) as error:
+        prepare_data(cfg, context_length, batch_size)
+    message = str(error.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message
+    return message
+
+
+@pytest.mark.parametrize("path", [None, "", []])
+def test_empty_path(tmp_path, path):
+    assert_one_line_error(text_settings(tmp_path, path), "data.path=", "is empty")
+
+
+def test_missing_path(tmp_path):
+    assert_one_line_error(text_settings(tmp_path, str(tmp_path / "nowhere" / "*.txt")), "data.path=", "matches no file")
+
+
+def test_file_that_is_not_utf8(tmp_path):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
+    assert_one_line_error(text_settings(tmp_path, str(bad)), "data.path", "latin1.txt", "not UTF-8", "offset 3")
+
+
+def test_corpus_smaller_than_one_batch(corpus_cfg):
+    assert_one_line_error(corpus_cfg, "data.path=", "fewer than one batch", "batch_size=32", "context_length=128",
+                          context_length=128, batch_size=32)
+
+
+def test_empty_corpus(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert_one_line_error(text_settings(tmp_path, str(empty)), "data.path=", "no text")
+
+
+@pytest.mark.parametrize("vocab_size, reason", [(100, "smaller than required"), (5000, "too high")])
+def test_vocab_size_the_corpus_cannot_support(corpus_cfg, vocab_size, reason):
+    assert_one_line_error(dict(corpus_cfg, vocab_size=vocab_size), f"data.vocab_size={vocab_size}", reason)
+
+
+@pytest.mark.parametrize("key, value", [("val_fraction", 0.0), ("val_fraction", 0.9), ("vocab_size", "big"),
+                                        ("source", "wikipedia")])
+def test_bad_settings(corpus_cfg, key, value):
+    assert_one_line_error(dict(corpus_cfg, **{key: value}), f"data.{key}={value!r}")
+
+
+def test_command_line_prints_one_error_line_and_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        data_main(["data=text", f"data.path={tmp_path}/missing.txt", f"data.cache_dir={tmp_path}"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == f"error: data.path='{tmp_path}/missing.txt' matches no file\n"
+
+
+def test_command_line_reports_the_cache(tmp_path, capsys):
+    path = write_corpus(tmp_path / "corpus", n_files=1)[0]
+    data_main(["data=text", f"data.path={path}", f"data.cache_dir={tmp_path}", "data.vocab_size=300",
+               "model.context_length=16", "train.micro_batch_size=4"])
+    out = capsys.readouterr().out
+    assert "vocab 300" in out and "train: 1 documents" in out and "val: 1 documents" in out
