@@ -1,8 +1,14 @@
 """Corpora, tokenizer and token streams: prepare_data() gives cached train/val token streams and
 their tokenizer; get_batch() and eval_batches() cut them into (x, y) batches."""
-from data.batches import eval_batches, get_batch
-from data.prepare import TokenData, prepare_data
-from data.sources import DataError
-from data.tokenizer import Tokenizer
+import importlib
 
-__all__ = ["prepare_data", "get_batch", "eval_batches", "DataError", "Tokenizer", "TokenData"]
+_EXPORTS = {"eval_batches": "data.batches", "get_batch": "data.batches", "TokenData": "data.prepare",
+            "prepare_data": "data.prepare", "DataError": "data.sources", "Tokenizer": "data.tokenizer"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    # Lazy, so generate.py's `from data.tokenizer import Tokenizer` does not pay for importing `datasets`.
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'data' has no attribute {name!r}")
