@@ -1,0 +1,233 @@
+"""train.py end to end, through the real Hydra entry point, on a tiny model and a tiny corpus:
+outputs, exact resume, SIGTERM, the NaN guard, one-line errors, and DDP over 2 CPU processes.
+
+Each run is a subprocess (~4 s of imports), so the module shares runs through fixtures."""
+import json
+import math
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model.checkpoint import load_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_STEPS = 8
+BATCH, CONTEXT = 8, 32
+# Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def write_corpus(path: Path) -> Path:
+    """A small play-shaped text with enough regularity for the loss to fall within a few steps."""
+    rng = random.Random(0)
+    words = "the a my good sweet lord lady king night day love heart hand speak come go see know".split()
+    speeches = []
+    for _ in range(300):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 8))).capitalize() + ","
+                 for _ in range(rng.randint(1, 3))]
+        speeches.append(rng.choice(["ANNA", "BORIS", "CLARA"]) + "\n" + "\n".join(lines) + "\n")
+    path.write_text("\n".join(speeches))
+    return path
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("train")
+
+
+@pytest.fixture(scope="module")
+def tiny(workdir) -> list[str]:
+    """Overrides for a tiny run; norm=layernorm also exercises the run name built from switches."""
+    corpus = write_corpus(workdir / "corpus.txt")
+    return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={workdir / 'cache'}",
+            "data.num_proc=1", "norm=layernorm", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+            "model.gqa_kv_heads=1", f"model.context_length={CONTEXT}", f"train.batch_size={BATCH}",
+            "train.micro_batch_size=4", "train.warmup_steps=2", "train.eval_batches=2", "train.log_interval=1",
+            "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4", "train.sample_tokens=8",
+            "wandb.mode=disabled"]
+
+
+def train(run_dir: Path, *overrides: str, command=(sys.executable, str(ROOT / "train.py"))):
+    return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "ckpt" / "train_state.pt", weights_only=True)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@pytest.fixture(scope="module")
+def full_run(workdir, tiny) -> Path:
+    """MAX_STEPS in one go, tracked by W&B offline (it must write locally and never ask for a login)."""
+    run_dir = workdir / "full"
+    done = train(run_dir, *tiny, f"train.max_steps={MAX_STEPS}", "wandb.mode=offline")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def test_run_writes_checkpoint_metrics_config_and_summary(full_run):
+    lines = metrics(full_run)
+    assert [m["step"] for m in lines] == list(range(1, MAX_STEPS + 1))
+    for m in lines:
+        assert m["tokens"] == m["step"] * BATCH * CONTEXT
+        assert {"train_loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s"} <= m.keys()
+    evals = [m for m in lines if "val_loss" in m]
+    assert [m["step"] for m in evals] == [4, 8]
+    for m in evals:
+        assert m["val_ppl"] == pytest.approx(math.exp(m["val_loss"]))
+        # bytes per token is about 1 for a 300-piece vocab on this corpus, so bpb ~ val_loss / ln 2
+        assert 0.5 < m["val_bpb"] * math.log(2) / m["val_loss"] < 1.5
+    assert lines[-1]["train_loss"] < lines[0]["train_loss"] - 0.3
+    assert lines[-1]["val_loss"] < evals[0]["val_loss"]
+
+    model, ckpt_dir = load_checkpoint(full_run)  # self-contained: config, weights, tokenizer
+    assert {"config.json", "model.safetensors", "tokenizer.model", "train_state.pt"} <= {
+        p.name for p in ckpt_dir.iterdir()}
+    state = train_state(full_run)
+    assert state["progress"]["step"] == MAX_STEPS and state["optimizer"]["state"]
+    assert model.cfg.norm == "layernorm" and model.cfg.d_model == 32
+
+    summary = json.loads((full_run / "summary.json").read_text())
+    assert summary["name"] == "llama_tiny-norm=layernorm"
+    assert summary["num_params"] == model.num_params()
+    assert summary["kv_cache_bytes_per_token"] == 2 * 1 * 1 * 16 * 4  # K and V, 1 layer, 1 K/V head of 16, fp32
+    assert summary["stop_reason"] == "completed" and summary["val_loss"] == lines[-1]["val_loss"]
+    config = (full_run / "config.yaml").read_text()
+    assert "${" not in config and f"lr_decay_steps: {MAX_STEPS}" in config
+
+    offline = list((full_run / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+def test_half_then_resume_matches_one_go(full_run, workdir, tiny):
+    run_dir = workdir / "halves"
+    first = train(run_dir, *tiny, f"train.max_steps={MAX_STEPS // 2}", f"train.lr_decay_steps={MAX_STEPS}")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = train(run_dir, *tiny, "train.resume=true", f"train.max_steps={MAX_STEPS}")
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    halves, whole = metrics(run_dir), metrics(full_run)
+    assert [m["step"] for m in halves] == list(range(1, MAX_STEPS + 1))
+    for a, b in zip(halves, whole):
+        assert abs(a["train_loss"] - b["train_loss"]) <= 1e-5 and a["lr"] == pytest.approx(b["lr"])
+    assert abs(halves[-1]["val_loss"] - whole[-1]["val_loss"]) <= 1e-5
+    resumed = load_file(run_dir / "ckpt" / "model.safetensors")
+    one_go = load_file(full_run / "ckpt" / "model.safetensors")
+    assert all(torch.allclose(resumed[k], one_go[k], atol=1e-6) for k in one_go)
+
+
+def test_sigterm_saves_a_checkpoint_that_resumes(workdir, tiny):
+    run_dir = workdir / "sigterm"
+    never = "100000"  # no eval, sample or checkpoint on its own before the signal
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *tiny, f"train.max_steps={never}",
+                             f"train.eval_interval={never}", f"train.ckpt_interval={never}",
+                             f"train.sample_interval={never}", f"hydra.run.dir={run_dir}"],
+                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:  # wait until training is under way
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "SIGTERM: stopped after step" in stderr
+
+    stopped_at = metrics(run_dir)[-1]["step"]
+    assert train_state(run_dir)["progress"]["step"] == stopped_at
+    model, _ = load_checkpoint(run_dir)
+    assert all(p.isfinite().all() for p in model.parameters())
+    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "SIGTERM"
+
+    resumed = train(run_dir, *tiny, "train.resume=true", f"train.max_steps={stopped_at + 2}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["step"] for m in metrics(run_dir)] == list(range(1, stopped_at + 3))
+    assert train_state(run_dir)["progress"]["step"] == stopped_at + 2
+
+
+def test_divergence_stops_and_keeps_the_last_good_checkpoint(workdir, tiny):
+    """lr=1e6 really diverges: AdamW's steps of ~lr overflow the weights within a few steps."""
+    run_dir = workdir / "diverged"
+    done = train(run_dir, *tiny, "train.lr=1e6", "train.warmup_steps=0", "train.max_steps=50",
+                 "train.ckpt_interval=1")
+    assert done.returncode == 1, done.stderr[-3000:]
+    [message] = error_lines(done.stderr)
+    failed_step = int(re.search(r"diverged at step (\d+)", message).group(1))
+    assert failed_step >= 2 and f"the last good checkpoint is {run_dir / 'ckpt'} (step {failed_step - 1})" in message
+    assert train_state(run_dir)["progress"]["step"] == failed_step - 1
+    model, _ = load_checkpoint(run_dir)
+    assert all(p.isfinite().all() for p in model.parameters())
+    assert metrics(run_dir)[-1]["step"] == failed_step - 1
+    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == f"diverged at step {failed_step}"
+
+
+@pytest.mark.parametrize("case", ["bad_model", "resume_without_checkpoint", "missing_data"])
+def test_bad_settings_fail_with_one_line(case, workdir, tiny):
+    """One case per error class train.py turns into `error: ...` and exit 2."""
+    run_dir = workdir / f"error-{case}"
+    fresh_cache = workdir / f"cache-{case}"
+    overrides, expected = {
+        "bad_model": (["model.n_heads=3", f"data.cache_dir={fresh_cache}"],
+                      "error: model.n_heads=3 must divide model.d_model=32"),
+        "resume_without_checkpoint": (["train.resume=true"],
+                                      f"error: train.resume=true but there is no checkpoint in {run_dir}"),
+        "missing_data": ([f"data.path={workdir / 'missing.txt'}"], f"error: data.path='{workdir / 'missing.txt'}'"),
+    }[case]
+    done = train(run_dir, *tiny, *overrides)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    [line] = error_lines(done.stderr)
+    assert line.startswith(expected)
+    if case == "bad_model":  # the model config is checked before any data is read or tokenized
+        assert not fresh_cache.exists()
+
+
+def test_ddp_two_cpu_processes_end_with_identical_weights(workdir, tiny, tmp_path):
+    """torchrun, gloo. A wrapper records each rank's DDP model (monkeypatched at torch's boundary)
+    and saves its final weights: DDP must keep the ranks in step though each draws its own batches."""
+    wrapper = tmp_path / "record_ddp.py"
+    wrapper.write_text(f'''
+import os, runpy, sys
+import torch, torch.nn.parallel
+
+wrapped = []
+class RecordingDDP(torch.nn.parallel.DistributedDataParallel):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        wrapped.append(self)
+
+torch.nn.parallel.DistributedDataParallel = RecordingDDP
+sys.argv[0] = {str(ROOT / "train.py")!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+torch.save(wrapped[0].module.state_dict(), {str(tmp_path)!r} + f"/rank{{os.environ['RANK']}}.pt")
+''')
+    run_dir = workdir / "ddp"
+    done = train(run_dir, *tiny, "train.max_steps=4", "train.micro_batch_size=2",
+                 command=(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(wrapper)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
+    saved = load_file(run_dir / "ckpt" / "model.safetensors")  # only rank 0 writes it
+    assert all(torch.equal(saved[k], rank0[k]) for k in saved)
+    lines = metrics(run_dir)
+    # the global batch is the config's: 2 processes x 2 accumulation steps x 2 sequences = BATCH
+    assert [m["tokens"] for m in lines] == [s * BATCH * CONTEXT for s in range(1, 5)]
+    assert lines[-1]["train_loss"] < lines[0]["train_loss"]

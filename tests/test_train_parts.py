@@ -1,0 +1,127 @@
+"""train.py's helpers, in-process: parameter groups, lr schedule, settings checks, run names,
+metrics truncation on resume, the W&B mode choice. The end-to-end runs are in test_train.py."""
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from model.checkpoint import CheckpointError
+from model.config import ConfigError, ModelConfig
+from model.transformer import Transformer
+from training.config import check_train_config
+from training.optim import lr_at, make_optimizer
+from training.state import checkpoint_to_resume
+from training.tracking import CONFIG_DIR, default_run_name, keep_metrics_up_to, wandb_mode
+
+TRAIN = OmegaConf.load(CONFIG_DIR / "config.yaml").train
+
+
+def train_settings(**changes):
+    settings = OmegaConf.merge(TRAIN, changes)
+    settings.lr_decay_steps = changes.get("lr_decay_steps", settings.max_steps)
+    return settings
+
+
+def test_weight_decay_goes_to_matrices_only():
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, context_length=8,
+                      norm="layernorm", position="learned", bias=True)
+    model = Transformer(cfg)
+    decayed, plain = make_optimizer(model, train_settings(weight_decay=0.1)).param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed_names = sorted(names[id(p)] for p in decayed["params"])
+    plain_names = sorted(names[id(p)] for p in plain["params"])
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.1, 0.0)
+    # the tied LM head is the embedding: listed once
+    assert decayed_names == sorted(["tok_emb.weight"] + [f"blocks.{i}.{m}.weight" for i in range(2)
+                                                         for m in ("attn.qkv", "attn.out", "ffn.w_in", "ffn.w_out")])
+    assert "abs_pos.table" in plain_names
+    assert all(n.endswith("bias") or "norm" in n or n == "abs_pos.table" for n in plain_names)
+    assert len(decayed_names) + len(plain_names) == len(list(model.parameters()))
+
+
+def test_lr_warms_up_linearly_then_follows_the_cosine_down_to_min_lr():
+    train = train_settings(lr=1.0, min_lr=0.1, warmup_steps=4, max_steps=14)
+    lrs = [lr_at(step, train) for step in range(16)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4] == 1.0  # the cosine starts at its top
+    assert lrs[9] == pytest.approx(0.55)  # half-way through the 10 decay steps: (lr + min_lr) / 2
+    assert all(a > b for a, b in zip(lrs[4:14], lrs[5:14]))
+    assert lrs[14:] == [0.1, 0.1]
+    no_warmup = train_settings(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=10)
+    assert lr_at(0, no_warmup) == 1.0
+
+
+def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
+    """Training N/2 steps with lr_decay_steps=N follows the N-step run's schedule exactly."""
+    full = train_settings(max_steps=20)
+    half = train_settings(max_steps=10, lr_decay_steps=20)
+    assert [lr_at(s, half) for s in range(10)] == [lr_at(s, full) for s in range(10)]
+
+
+@pytest.mark.parametrize("changes, world_size, message", [
+    ({"batch_size": 16, "micro_batch_size": 4}, 1, None),
+    ({"batch_size": 16, "micro_batch_size": 4}, 2, None),
+    ({"batch_size": 12, "micro_batch_size": 4}, 2, "train.batch_size=12 must be a multiple of 2 processes x "
+                                                   "train.micro_batch_size=4"),
+    ({"max_steps": 0}, 1, "train.max_steps=0 must be a positive integer"),
+    ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be in [0, train.lr=0.01]"),
+    ({"warmup_steps": -1}, 1, "train.warmup_steps=-1 must be an integer >= 0"),
+])
+def test_train_settings_checks(changes, world_size, message):
+    train = train_settings(**changes)
+    if message is None:
+        per_step = world_size * changes["micro_batch_size"]
+        assert check_train_config(train, world_size) == changes["batch_size"] // per_step
+    else:
+        with pytest.raises(ConfigError) as e:
+            check_train_config(train, world_size)
+        assert str(e.value) == message
+
+
+@pytest.mark.parametrize("choices, name", [
+    ({"model": "llama_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope",
+      "attention": "gqa", "ffn": "swiglu", "data": "text"}, "llama_tiny"),
+    ({"model": "llama_tiny", "norm": "layernorm", "norm_position": "pre", "position": "rope",
+      "attention": "mha", "ffn": "swiglu", "data": "shakespeare"}, "llama_tiny-norm=layernorm-attention=mha"),
+    ({"model": "transformer2017_tiny", "norm": "layernorm", "norm_position": "post", "position": "rope",
+      "attention": "mha", "ffn": "relu", "data": "shakespeare"}, "transformer2017_tiny-position=rope"),
+])
+def test_default_run_name_lists_the_groups_switched_away_from_the_preset(choices, name):
+    assert default_run_name(choices) == name
+
+
+def test_a_fresh_run_never_overwrites_a_checkpoint_and_resume_needs_one(tmp_path):
+    with pytest.raises(CheckpointError, match=f"train.resume=true but there is no checkpoint in {tmp_path}"):
+        checkpoint_to_resume(tmp_path, resume=True)
+    assert checkpoint_to_resume(tmp_path, resume=False) is None
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    assert checkpoint_to_resume(tmp_path, resume=True) == tmp_path / "ckpt"
+    with pytest.raises(ConfigError, match=f"{tmp_path} already holds a checkpoint; add train.resume=true"):
+        checkpoint_to_resume(tmp_path, resume=False)
+
+
+def test_resume_keeps_metrics_up_to_the_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    lines = [json.dumps({"step": s, "train_loss": 1.0 / s}) for s in range(1, 7)]
+    path.write_text("\n".join(lines) + '\n{"step": 7, "train_lo')  # killed mid-line
+    keep_metrics_up_to(path, 4)
+    assert path.read_text() == "\n".join(lines[:4]) + "\n"
+
+
+def test_wandb_mode_is_offline_without_a_login(tmp_path, monkeypatch):
+    for var in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    assert wandb_mode(None) == "offline"  # no netrc file at all
+    netrc.write_text("machine example.com login x password y\n")
+    assert wandb_mode(None) == "offline"
+    netrc.write_text("machine api.wandb.ai login user password 0123456789abcdef\n")
+    netrc.chmod(0o600)
+    assert wandb_mode(None) == "online"
+    assert wandb_mode("disabled") == "disabled"  # an explicit setting wins
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode(None) == "disabled"
+    with pytest.raises(ConfigError, match="wandb.mode='cloud' must be one of online, offline, disabled"):
+        wandb_mode("cloud")

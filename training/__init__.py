@@ -1,0 +1,11 @@
+"""The helpers that keep train.py a top-down read.
+
+config.py       train.* checks, gradient accumulation arithmetic, device choice
+optim.py        AdamW parameter groups (which parameters decay) and the lr schedule
+evaluate.py     the next-token loss; val loss, perplexity and bits per byte
+state.py        resumable checkpoints (train_state.pt) and the per-step batch generator
+tracking.py     metrics.jsonl, summary.json and W&B, fed the same numbers
+distributed.py  torchrun/DDP set-up and the per-step agreement between processes
+signals.py      SIGINT/SIGTERM: stop after the current step, checkpoint, exit 130/143
+grad_flow.py    `python -m training.grad_flow`: gradient norm reaching the first block vs the last, at init
+"""

@@ -1,0 +1,55 @@
+"""Checks of the train.* settings, run before any data is loaded, each failing with one line.
+
+The batch arithmetic lives here: train.batch_size is the GLOBAL batch in sequences per optimizer
+step, whatever the number of processes, so
+
+    accumulation_steps = batch_size / (world_size * micro_batch_size)
+
+and each process runs that many forward/backward passes of micro_batch_size sequences per step.
+"""
+import math
+
+import torch
+from omegaconf import DictConfig
+
+from model.config import ConfigError
+
+POSITIVE_INTS = ("max_steps", "batch_size", "micro_batch_size", "lr_decay_steps", "eval_interval",
+                 "eval_batches", "log_interval", "ckpt_interval", "sample_interval", "sample_tokens")
+
+
+def check_train_config(train: DictConfig, world_size: int) -> int:
+    """Returns the gradient accumulation steps per optimizer step."""
+    for key in POSITIVE_INTS:
+        value = train[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ConfigError(f"train.{key}={value!r} must be a positive integer")
+    if not 0 < train.lr < math.inf:
+        raise ConfigError(f"train.lr={train.lr} must be a positive number")
+    if not 0 <= train.min_lr <= train.lr:
+        raise ConfigError(f"train.min_lr={train.min_lr} must be in [0, train.lr={train.lr}]")
+    if not isinstance(train.warmup_steps, int) or isinstance(train.warmup_steps, bool) or train.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps={train.warmup_steps!r} must be an integer >= 0")
+    for key in ("weight_decay", "grad_clip", "sample_temperature"):
+        if not 0 <= train[key] < math.inf:
+            raise ConfigError(f"train.{key}={train[key]} must be a number >= 0")
+    per_step = world_size * train.micro_batch_size
+    if train.batch_size % per_step:
+        raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of {world_size} processes x "
+                          f"train.micro_batch_size={train.micro_batch_size}")
+    return train.batch_size // per_step
+
+
+def resolve_device(setting: str) -> torch.device:
+    """train.device: auto (cuda when available, else cpu), cpu, cuda or cuda:N."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(setting)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"train.device={setting!r} must be auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={setting!r} but torch sees no CUDA device here; use train.device=cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"train.device={setting!r} must be auto, cpu, cuda or cuda:N")
+    return device

@@ -1,0 +1,90 @@
+"""Checkpoints that training can resume from: model/checkpoint.py's directory plus train_state.pt.
+
+    train_state.pt = {"progress": {step, tokens, elapsed_s, best_val_loss, last_val, wandb_id},
+                      "optimizer": AdamW state, "rng": {"torch": CPU state, "cuda": [per-device states]}}
+
+The learning rate is a function of the step (training/optim.py) and the batches of a step come
+from a generator seeded by (train.seed, rank, step) (step_generator below), so the step is both
+the scheduler state and the data position. The torch RNG states cover dropout. Everything in the file is
+tensors and plain Python values, read back with torch.load(weights_only=True): no pickle.
+"""
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.checkpoint import CheckpointError, load_checkpoint, resolve_ckpt_dir, save_checkpoint
+from model.config import ConfigError
+from model.transformer import Transformer
+
+STATE_FILE = "train_state.pt"
+
+
+@dataclass
+class Progress:
+    step: int = 0  # optimizer steps done
+    tokens: int = 0  # training tokens seen, over all processes
+    elapsed_s: float = 0.0  # wall time of the training so far, over every resume
+    best_val_loss: float | None = None
+    last_val: dict = field(default_factory=dict)  # val_loss, val_bpb, val_ppl of the latest eval
+    wandb_id: str = ""  # a resumed run continues the same W&B run
+
+
+def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint train.resume=true continues; a fresh run refuses a run dir that holds one,
+    rather than overwrite it."""
+    try:
+        found = resolve_ckpt_dir(run_dir)
+    except CheckpointError:
+        found = None
+    if resume and found is None:
+        raise CheckpointError(f"train.resume=true but there is no checkpoint in {run_dir} "
+                              f"(no {run_dir / 'ckpt' / 'config.json'}); set hydra.run.dir to the run to resume")
+    if not resume and found is not None:
+        raise ConfigError(f"{run_dir} already holds a checkpoint; add train.resume=true to continue it, "
+                          f"or choose another hydra.run.dir")
+    return found
+
+
+def save_training_checkpoint(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
+                             optimizer: torch.optim.Optimizer, progress: Progress) -> None:
+    state = {"progress": asdict(progress), "optimizer": optimizer.state_dict(),
+             "rng": {"torch": torch.get_rng_state(),
+                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
+    save_checkpoint(ckpt_dir, model, tokenizer_file, write_extra=lambda tmp: torch.save(state, tmp / STATE_FILE))
+
+
+def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
+                    optimizer: torch.optim.Optimizer) -> Progress:
+    """Loads weights, optimizer and RNG states into the freshly built model and optimizer."""
+    saved, _ = load_checkpoint(ckpt_dir)
+    if saved.cfg != model.cfg:
+        theirs = saved.cfg.to_dict()
+        changed = ", ".join(f"model.{k}={v} (checkpoint: {theirs[k]})"
+                            for k, v in model.cfg.to_dict().items() if theirs[k] != v)
+        raise CheckpointError(f"cannot resume {ckpt_dir}: this run's config differs from the checkpoint's: {changed}")
+    if (ckpt_dir / "tokenizer.model").read_bytes() != Path(tokenizer_file).read_bytes():
+        raise CheckpointError(f"cannot resume {ckpt_dir}: its tokenizer differs from the one the data settings "
+                              f"give now ({tokenizer_file})")
+    try:
+        state = torch.load(ckpt_dir / STATE_FILE, weights_only=True)
+        model.load_state_dict(saved.state_dict())
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        return Progress(**state["progress"])
+    except FileNotFoundError:
+        raise CheckpointError(f"cannot resume {ckpt_dir}: it has no {STATE_FILE} (weights only)") from None
+    except Exception as e:  # a truncated file, or one from another version of this code
+        raise CheckpointError(f"cannot resume {ckpt_dir}: unreadable {STATE_FILE}: {e}") from None
+
+
+def step_generator(seed: int, rank: int, step: int) -> torch.Generator:
+    """The generator that draws the batches of one optimizer step on one process. Seeding it from
+    (seed, rank, step) makes the step the data position: a resumed run draws the very batches the
+    uninterrupted run would have, with no generator state to save. SeedSequence mixes the three
+    numbers, so seeds 0 and 1 do not share shifted batch streams as seed + step would."""
+    mixed = np.random.SeedSequence([seed, rank, step]).generate_state(1, np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed))

@@ -1,0 +1,116 @@
+"""What a run reports, on disk and to W&B: one Tracker, so both always get the same numbers.
+
+    run_dir/metrics.jsonl   one JSON object per logged step, appended and flushed line by line
+    run_dir/summary.json    num_params, kv_cache_bytes_per_token, vocab_size, name from the start;
+                            the final metrics and stop_reason added at the end
+    run_dir/wandb/          the W&B run (offline runs: wandb/offline-run-*, for `wandb sync`)
+
+W&B mode (wandb.mode): online, offline or disabled. Left null it is $WANDB_MODE if set, else online
+when a W&B login is present ($WANDB_API_KEY or a netrc entry for the W&B host), else offline, so a
+machine without an account never blocks on a login prompt.
+"""
+import json
+import netrc
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+from omegaconf import DictConfig, OmegaConf
+
+from model.config import ConfigError
+
+WANDB_MODES = ("online", "offline", "disabled")
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def wandb_mode(setting: str | None) -> str:
+    if setting is not None and setting not in WANDB_MODES:
+        raise ConfigError(f"wandb.mode={setting!r} must be one of {', '.join(WANDB_MODES)} (or null: automatic)")
+    return setting or os.environ.get("WANDB_MODE") or ("online" if has_wandb_login() else "offline")
+
+
+def has_wandb_login() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def default_run_name(choices: dict) -> str:
+    """The preset, then every component group chosen differently from the preset's own defaults,
+    e.g. `llama_tiny-norm=layernorm-ffn=relu` (choices: Hydra's group -> option of this run)."""
+    preset = choices["model"]
+    preset_defaults = OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml").get("defaults", [])
+    switched = []
+    for entry in preset_defaults:  # entries look like {"override /norm": "rmsnorm"}
+        for key, option in entry.items():
+            group = key.removeprefix("override /")
+            if choices.get(group) != option:
+                switched.append(f"{group}={choices.get(group)}")
+    return "-".join([preset, *switched])
+
+
+def write_json(path: Path, values: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(values, indent=2) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+
+
+def keep_metrics_up_to(path: Path, step: int) -> None:
+    """On resume: drop the lines logged after the checkpoint's step (and a half-written last line),
+    since the resumed run logs those steps again."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            break
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept))
+    tmp.replace(path)
+
+
+class Tracker:
+    def __init__(self, run_dir: Path, cfg: DictConfig, mode: str, name: str, group: str | None, wandb_id: str,
+                 summary: dict, resume_step: int | None):
+        self.run_dir, self.summary = run_dir, summary
+        write_json(run_dir / "summary.json", summary)
+        metrics = run_dir / "metrics.jsonl"
+        if resume_step is not None:
+            keep_metrics_up_to(metrics, resume_step)
+        self.metrics = open(metrics, "a" if resume_step is not None else "w")
+        self.wandb_run = None
+        if mode != "disabled":
+            import wandb  # imported only when used: it adds a second to start-up
+
+            self.wandb_run = wandb.init(project=cfg.wandb.project, group=group, name=name, mode=mode,
+                                        dir=run_dir, id=wandb_id, resume="allow",
+                                        config=OmegaConf.to_container(cfg, resolve=True))
+            self.wandb_run.summary.update(summary)
+            # INCREMENTAL: each log appends the new rows instead of re-uploading the whole table
+            self.samples = wandb.Table(columns=["step", "sample"], log_mode="INCREMENTAL")
+
+    def log(self, record: dict) -> None:
+        self.metrics.write(json.dumps(record) + "\n")
+        self.metrics.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def log_sample(self, step: int, text: str) -> None:
+        if self.wandb_run is not None:
+            self.samples.add_data(step, text)
+            self.wandb_run.log({"samples": self.samples}, step=step)
+
+    def finish(self, final: dict) -> None:
+        self.summary.update(final)
+        write_json(self.run_dir / "summary.json", self.summary)
+        self.metrics.close()
+        if self.wandb_run is not None:
+            self.wandb_run.summary.update(final)
+            self.wandb_run.finish()
