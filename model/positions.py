@@ -6,8 +6,9 @@ RoPE (LLaMA), applied to q and k of every layer, per head, head_dim = D, half-sp
     rope(x)[m] = x * cos(angle[m]) + rotate_half(x) * sin(angle[m]),  rotate_half([a, b]) = [-b, a]
   so <rope(q)[m], rope(k)[n]> depends only on m - n.  q, k: [batch, heads, seq, D].
 
-Sinusoidal (2017), added to token embeddings [batch, seq, d_model]:
-    PE[m, 2i] = sin(m / 10000^(2i/d)),  PE[m, 2i+1] = cos(m / 10000^(2i/d))
+Sinusoidal (2017), added to token embeddings [batch, seq, d_model] scaled by sqrt(d) as in the paper:
+    x[m] = sqrt(d) * E[token_m] + PE[m],  PE[m, 2i] = sin(m / 10000^(2i/d)),  PE[m, 2i+1] = cos(m / 10000^(2i/d))
+  (PE entries have rms 0.71; unscaled embeddings at init std 0.02 would be drowned 35 to 1.)
 Learned (GPT-2): a trained table PE: [context_length, d_model].  None: no position signal at all
 (the causal mask alone still leaks some order).
 
@@ -27,17 +28,17 @@ class Rotary(nn.Module):
         # fp32 like transformers' LLaMA, so the two agree to the last bit of the angle
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
         angles = torch.outer(torch.arange(max_len).float(), inv_freq)  # [max_len, D/2]
-        angles = torch.cat([angles, angles], dim=-1)  # half-split: the same angle for i and i + D/2
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        # Half-split: the same angle for i and i + D/2. rotate_half([a, b]) * [sin, sin] = [b, a] * [-sin, sin],
+        # so `sin` carries rotate_half's sign and forward swaps the halves with one roll (bit-identical).
+        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
+        self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """x: [batch, heads, seq, D], its first token at absolute position `start`."""
         seq = x.shape[-2]
         cos = self.cos[start:start + seq].to(x.dtype)
         sin = self.sin[start:start + seq].to(x.dtype)
-        first, second = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-second, first], dim=-1) * sin
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
@@ -54,11 +55,13 @@ class AbsolutePositions(nn.Module):
 
     def __init__(self, kind: str, max_len: int, dim: int):
         super().__init__()
-        if kind == "learned":
+        if kind == "learned":  # trained at the embeddings' own scale, so no rescaling
             self.table = nn.Parameter(torch.zeros(max_len, dim))
             nn.init.normal_(self.table, std=0.02)
+            self.embed_scale = 1.0
         else:
             self.register_buffer("table", sinusoidal_table(max_len, dim), persistent=False)
+            self.embed_scale = math.sqrt(dim)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        return x + self.table[start:start + x.shape[1]].to(x.dtype)
+        return x * self.embed_scale + self.table[start:start + x.shape[1]].to(x.dtype)

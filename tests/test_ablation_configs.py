@@ -1,0 +1,119 @@
+"""The ablation sweeps compose, point by point, without training: every (variant, seed) that
+hydra.sweeper.params lists in configs/experiment/{ablation,warmup_probe}.yaml builds a model and
+differs from the baseline in exactly the switches it is named for, and in nothing else."""
+import copy
+import functools
+import itertools
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+import compare
+from model import ModelConfig, Transformer
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+COMPONENTS = ("norm", "norm_position", "position", "attention", "ffn")
+# The issue's definition of each variant: the model.* settings it changes from the baseline.
+SWITCHES = {
+    "baseline": {},
+    "layernorm": {"norm": "layernorm"},
+    "postnorm": {"norm_position": "post"},
+    "sinusoidal": {"position": "sinusoidal"},
+    "mha": {"attention": "mha", "n_kv_heads": 8},
+    "relu": {"ffn": "relu"},
+    "transformer2017": {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal",
+                        "attention": "mha", "n_kv_heads": 8, "ffn": "relu"},
+}
+
+
+@functools.cache  # each point is composed once per session, however many tests read it
+def compose_run(*overrides: str) -> tuple[dict, dict]:
+    """(the resolved job config, the resolved hydra.sweep and hydra.sweeper.params) of one sweep
+    point, as train.py and Hydra's sweeper see them."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)  # what Hydra does before a job: ${hydra:...} resolves
+    job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
+    sweep = {**cfg.hydra.sweep, "params": dict(cfg.hydra.sweeper.params)}  # resolved while this job's choices hold
+    return OmegaConf.to_container(job, resolve=True), sweep
+
+
+def sweep_points(experiment: str) -> list[list[str]]:
+    """Every job of `python train.py -m +experiment=<experiment>`: the cartesian product of its
+    hydra.sweeper.params, parsed with Hydra's own override parser."""
+    _, sweep = compose_run(f"+experiment={experiment}")
+    parser = OverridesParser.create()
+    axes = []
+    for key, values in sweep["params"].items():
+        override = parser.parse_override(f"{key}={values}")
+        values = override.sweep_string_iterator() if override.is_sweep_override() else [override.value()]
+        axes.append([f"{key}={value}" for value in values])
+    return [list(point) for point in itertools.product(*axes)]
+
+
+def without_name(config: dict) -> dict:
+    """The config minus what names a run (variant, wandb.name), to compare what it trains."""
+    config = copy.deepcopy(config)
+    del config["variant"], config["wandb"]["name"]
+    return config
+
+
+ABLATION = sweep_points("ablation")
+PROBE = sweep_points("warmup_probe")
+
+
+def test_the_ablation_sweeps_every_variant_over_three_seeds():
+    assert sorted({point[0] for point in ABLATION}) == sorted(f"ablation={v}" for v in SWITCHES)
+    assert sorted({point[1] for point in ABLATION}) == ["train.seed=0", "train.seed=1", "train.seed=2"]
+    assert len(ABLATION) == 3 * len(SWITCHES)
+
+
+@pytest.mark.parametrize("point", ABLATION, ids=lambda point: "-".join(point))
+def test_each_sweep_point_differs_from_the_baseline_in_its_switch_only(point):
+    variant, seed = point[0].split("=")[1], int(point[1].split("=")[1])
+    if variant not in SWITCHES:
+        pytest.fail(f"ablation={variant} is swept but has no expected switches in SWITCHES")
+    config, sweep = compose_run("+experiment=ablation", *point)
+    baseline, _ = compose_run("+experiment=ablation", "ablation=baseline", "train.seed=0")
+
+    changed = {k: v for k, v in config["model"].items() if v != baseline["model"][k]}
+    assert changed == SWITCHES[variant]
+    expected = without_name(baseline)
+    expected["model"] |= SWITCHES[variant]
+    expected["train"]["seed"] = seed
+    assert without_name(config) == expected  # same data, budget, schedule, width, wandb group
+
+    assert config["variant"] == variant
+    assert config["wandb"]["name"] == f"ablation-{variant}-seed{seed}"
+    assert config["wandb"]["group"] == "ablation"
+    assert sweep["subdir"] == f"{variant}/seed{seed}"
+    model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": config["data"]["vocab_size"]}))
+    assert model.cfg.attention == config["model"]["attention"]
+
+
+def test_seeds_of_a_variant_are_one_group_for_compare_and_variants_are_not():
+    keys = {}
+    for point in ABLATION:
+        config, _ = compose_run("+experiment=ablation", *point)
+        run = compare.Run(Path("/".join(point)), config, [], {}, None)
+        keys.setdefault(compare.variant_key(run), set()).add(config["variant"])
+    assert sorted(len(variants) for variants in keys.values()) == [1] * len(SWITCHES)
+
+
+def test_the_warmup_probe_is_the_ablation_with_no_warmup():
+    assert PROBE == [["ablation=baseline", "train.seed=0"], ["ablation=postnorm", "train.seed=0"]]
+    for point in PROBE:
+        probe, sweep = compose_run("+experiment=warmup_probe", *point)
+        ablation, _ = compose_run("+experiment=ablation", *point)
+        assert ablation["train"]["warmup_steps"] > 0
+        variant = point[0].split("=")[1]
+        assert probe["variant"] == f"{variant}-nowarmup"
+        assert probe["wandb"]["name"] == f"ablation-{variant}-nowarmup-seed0"
+        assert sweep["dir"].startswith("multirun/warmup_probe/") and sweep["subdir"] == f"{variant}-nowarmup/seed0"
+        expected = without_name(ablation)
+        expected["train"]["warmup_steps"] = 0
+        assert without_name(probe) == expected

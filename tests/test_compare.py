@@ -1,0 +1,157 @@
+"""compare.py on run dirs written here the way train.py writes them: the table's numbers against
+means and stds computed independently, seeds grouped into variants, incomplete runs reported
+without a crash, and the plot written."""
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from matplotlib.image import imread
+
+import compare
+
+MAX_STEPS = 6
+TOKENS_PER_STEP = 1000
+
+
+def write_run(run_dir, variant, seed, final_bpb, steps=MAX_STEPS, norm="rmsnorm", tokens_per_s=5000.0,
+              summary=True, stop_reason="completed"):
+    """A run dir: config.yaml, summary.json and metrics.jsonl with an eval every 2 steps whose
+    bpb falls linearly to final_bpb; val_loss = 2 * val_bpb (any constant ratio will do)."""
+    run_dir.mkdir(parents=True)
+    config = {"model": {"norm": norm, "d_model": 32}, "train": {"seed": seed, "max_steps": MAX_STEPS, "lr": 0.01},
+              "wandb": {"group": "ablation", "name": f"ablation-{variant}-seed{seed}"}}
+    if variant is not None:
+        config["variant"] = variant
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    if summary:
+        (run_dir / "summary.json").write_text(json.dumps(
+            {"num_params": 1234567, "kv_cache_bytes_per_token": 512, "vocab_size": 64, "stop_reason": stop_reason}))
+    lines = []
+    for step in range(1, steps + 1):
+        record = {"step": step, "tokens": step * TOKENS_PER_STEP, "train_loss": 3.0, "lr": 0.01, "grad_norm": 1.0,
+                  "tokens_per_s": tokens_per_s + step, "elapsed_s": step * 0.2}
+        if step % 2 == 0:
+            bpb = final_bpb + 0.1 * (MAX_STEPS - step)
+            record |= {"val_loss": 2 * bpb, "val_bpb": bpb}
+        lines.append(json.dumps(record))
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def table_rows(output: str) -> dict[str, list[str]]:
+    """The markdown table's rows as variant name -> cells."""
+    rows = {}
+    for line in output.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows[cells[0]] = cells
+    return rows
+
+
+def mean_pm_std(cell: str) -> tuple[float, float]:
+    mean, std = cell.split(" ± ")
+    return float(mean), float(std)
+
+
+FINAL_BPB = {"baseline": [2.00, 2.02, 2.04], "layernorm": [2.10, 2.12, 2.11], "mha": [2.01, 2.04, 2.02]}
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """A multirun dir laid out like the ablation's: <variant>/seed<N>/."""
+    for variant, finals in FINAL_BPB.items():
+        for seed, bpb in enumerate(finals):
+            write_run(tmp_path / "multirun" / variant / f"seed{seed}", variant, seed, bpb)
+    write_run(tmp_path / "multirun" / "relu" / "seed0", "relu", 0, 2.5)  # one seed only
+    return tmp_path / "multirun"
+
+
+def test_table_means_stds_and_differences(sweep, tmp_path, capsys):
+    png = tmp_path / "plots" / "ablation.png"
+    compare.main([str(sweep), "--plot", str(png)])
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["baseline", "layernorm", "mha", "relu"]  # baseline first, then as found
+
+    for variant, finals in FINAL_BPB.items():
+        cells = rows[variant]
+        assert cells[1] == "3"
+        assert cells[2] == "1,234,567" and cells[8] == "512"
+        assert mean_pm_std(cells[4]) == pytest.approx((np.mean(finals), np.std(finals, ddof=1)), abs=1e-4)
+        assert mean_pm_std(cells[3]) == pytest.approx((2 * np.mean(finals), 2 * np.std(finals, ddof=1)), abs=1e-4)
+        # median of the logged tokens_per_s, 5001..5006
+        assert cells[7] == "5,004"
+
+    base = np.array(FINAL_BPB["baseline"])
+    for variant, beyond in (("layernorm", "yes"), ("mha", "no")):
+        ours = np.array(FINAL_BPB[variant])
+        noise = 2 * math.sqrt(ours.var(ddof=1) / 3 + base.var(ddof=1) / 3)
+        assert float(rows[variant][5]) == pytest.approx(ours.mean() - base.mean(), abs=1e-4)
+        assert rows[variant][6] == f"{beyond} (2σ {noise:.4f})"
+    # layernorm: +0.09 against 2σ = 0.025; mha: +0.0033 against 0.038
+    assert rows["relu"][4] == "2.5000" and rows["relu"][5] == "+0.4800" and rows["relu"][6] == "n/a"
+    assert rows["baseline"][5] == "(baseline)" and rows["baseline"][6] == ""
+
+    image = imread(png)
+    assert image.shape[0] > 300 and image.shape[1] > 600
+    assert not list(png.parent.glob(".*tmp*"))  # the atomic write left no temporary file
+
+
+def test_incomplete_runs_are_reported_not_averaged(sweep, capsys):
+    missing = sweep / "baseline" / "seed3"
+    write_run(missing, "baseline", 3, 9.0)
+    (missing / "metrics.jsonl").unlink()
+    truncated = sweep / "baseline" / "seed4"
+    write_run(truncated, "baseline", 4, 9.0)
+    text = (truncated / "metrics.jsonl").read_text()
+    (truncated / "metrics.jsonl").write_text(text[: text.rindex('"val_bpb"') + 5])  # killed mid-line
+    write_run(sweep / "layernorm" / "seed3", "layernorm", 3, 9.0, steps=MAX_STEPS - 2)  # stopped early
+    write_run(sweep / "layernorm" / "seed4", "layernorm", 4, 9.0, steps=1)  # before the first eval
+    write_run(sweep / "mha" / "seed3", "mha", 3, 9.0, stop_reason="non-finite loss at step 6")
+    write_run(sweep / "postnorm" / "seed0", "postnorm", 0, 9.0, steps=3)  # every run of a variant
+
+    compare.main([str(sweep)])
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert rows["baseline"][1] == "3 + 2 incomplete"
+    assert rows["layernorm"][1] == "3 + 2 incomplete"
+    assert rows["mha"][1] == "3 + 1 incomplete"
+    for variant, finals in FINAL_BPB.items():  # the 9.0s are not in the means
+        assert mean_pm_std(rows[variant][4]) == pytest.approx((np.mean(finals), np.std(finals, ddof=1)), abs=1e-4)
+    assert rows["postnorm"][1] == "0 + 1 incomplete"
+    assert rows["postnorm"][3] == rows["postnorm"][4] == "incomplete"
+    assert rows["postnorm"][5] == rows["postnorm"][6] == "n/a"
+    assert f"{missing}: no metrics.jsonl" in out
+    assert f"{truncated}: metrics.jsonl line {MAX_STEPS} is not JSON" in out
+    assert f"{sweep / 'layernorm' / 'seed3'}: stopped at step {MAX_STEPS - 2} of train.max_steps={MAX_STEPS}" in out
+    assert f"{sweep / 'layernorm' / 'seed4'}: no val_bpb" in out
+    assert f"{sweep / 'mha' / 'seed3'}: stopped: non-finite loss at step 6" in out
+
+
+def test_runs_without_a_variant_key_are_grouped_by_config_and_named_by_their_difference(tmp_path, capsys):
+    for seed, (rms, layer) in enumerate([(1.50, 1.60), (1.52, 1.64)]):
+        write_run(tmp_path / f"rms{seed}", None, seed, rms)
+        write_run(tmp_path / f"ln{seed}", None, seed, layer, norm="layernorm", summary=False)
+    compare.main([str(tmp_path), "--baseline", "model.norm=rmsnorm"])
+    rows = table_rows(capsys.readouterr().out)
+    assert set(rows) == {"model.norm=rmsnorm", "model.norm=layernorm"}
+    assert rows["model.norm=layernorm"][1] == "2"
+    assert float(rows["model.norm=layernorm"][5]) == pytest.approx(1.62 - 1.51)
+    assert rows["model.norm=layernorm"][2] == rows["model.norm=layernorm"][8] == "?"  # no summary.json
+
+
+def test_unknown_baseline_prints_the_names_to_choose_from(sweep, capsys):
+    compare.main([str(sweep), "--baseline", "llama"])
+    out = capsys.readouterr().out
+    assert table_rows(out)["layernorm"][5] == ""
+    assert "no variant named 'llama'" in out and "'layernorm'" in out
+
+
+@pytest.mark.parametrize("make_dir", [lambda p: p / "absent", lambda p: p])
+def test_a_dir_without_runs_is_a_one_line_error(tmp_path, capsys, make_dir):
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(make_dir(tmp_path))])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: DIR ") and err.count("\n") == 1
