@@ -34,13 +34,13 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        D = self.head_dim
-        q, k, v = self.qkv(x).split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D], dim=-1)
-        q = q.view(B, T, self.n_heads, D).transpose(1, 2)
-        k = k.view(B, T, self.n_kv_heads, D).transpose(1, 2)
-        v = v.view(B, T, self.n_kv_heads, D).transpose(1, 2)
+        H, H_kv = self.n_heads, self.n_kv_heads
+        # [B, T, (H + 2 H_kv) D] -> [B, H + 2 H_kv, T, D]: the q, k and v heads side by side
+        heads = self.qkv(x).view(B, T, H + 2 * H_kv, self.head_dim).transpose(1, 2)
+        qk, v = heads.split([H + H_kv, H_kv], dim=1)
         if self.rotary is not None:
-            q, k = self.rotary(q, start), self.rotary(k, start)
+            qk = self.rotary(qk, start)  # q and k heads in one call: the same rotation per position
+        q, k = qk.split([H, H_kv], dim=1)
         if cache is not None:
             k, v = cache.update(self.layer, start, k, v)
         y = F.scaled_dot_product_attention(

@@ -201,7 +201,7 @@ class Engine:
 
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None) -> torch.Tensor:
         """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V]."""
-        return self.model(tokens, start, cache)[:, -1]
+        return self.model(tokens, start, cache, last_only=True)[:, -1]
 
     def _elapsed(self, since: float) -> float:
         if self.model.tok_emb.weight.is_cuda:  # kernels run asynchronously; wait for them before reading the clock

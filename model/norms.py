@@ -8,6 +8,7 @@ transformers' LLaMA it computes the statistic in fp32 whatever the input dtype, 
 activations do not lose precision in the sum of squares.
 """
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -18,9 +19,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.type_as(x)
+        # F.rms_norm is x * rsqrt(mean(x^2) + eps) in one call instead of five (bit-identical on CPU);
+        # the gain stays outside it so that, as in transformers, it multiplies after the cast back.
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).type_as(x)
 
 
 def make_norm(kind: str, dim: int, eps: float) -> nn.Module:
