@@ -20,7 +20,8 @@ settings of configs/config.yaml) for both. CPU runs fp32; --device cuda runs und
     peak = the best n x n torch.matmul (n = 2048) of the run, timed between the training steps.
 Decode: greedy, 512 new tokens after a 16-token prompt, at batch 1 and 8; tokens/s = batch * 512 / the wall
 time of the whole generation, the prompt's prefill included. Ours through model.engine.Engine with and
-without the KV cache (the no-cache run once, at batch 1: it takes minutes at batch 8), theirs through
+without the KV cache (the no-cache run once, at batch 1: it takes minutes at batch 8) and with the cache under
+Engine(compile=True) (its untimed warm-up run compiles the decode step: that time is reported apart), theirs through
 generate(use_cache=True, do_sample=False, min_new_tokens=512). 16 + 512 tokens do not fit llama_tiny's
 256-token context, so both decode models have context_length = max_position_embeddings = 1024.
 Prefill: one forward over a 256-token prompt into an empty cache, logits of the last position only
@@ -54,7 +55,8 @@ from training.optim import make_optimizer
 
 LLAMA_TINY = dict(vocab_size=4096, d_model=256, n_layers=6, n_heads=8, n_kv_heads=2)  # configs/model/llama_tiny.yaml
 TRAIN = OmegaConf.load(Path(__file__).resolve().parent / "configs" / "config.yaml").train  # train.py's settings
-TARGETS = {"train_ratio": 1.0, "mfu": 0.6, "decode_ratio": 2.0, "cache_vs_nocache": 5.0}  # issue 7, CPU fp32
+# issue 7, CPU fp32; the decode target is checked for the default (eager) engine and for Engine(compile=True)
+TARGETS = {"train_ratio": 1.0, "mfu": 0.6, "decode_ratio": 2.0, "compiled_decode_ratio": 2.0, "cache_vs_nocache": 5.0}
 
 
 @dataclass
@@ -72,7 +74,7 @@ class Sizes:
 
 
 FULL = Sizes(LLAMA_TINY, batch_size=TRAIN.batch_size, context=256, prompt_tokens=16, new_tokens=512,
-             decode_batches=(1, 8), decode_context=1024, prefill_tokens=256, peak_n=2048, repeats=3)
+             decode_batches=(1, 8), decode_context=1024, prefill_tokens=256, peak_n=2048, repeats=5)
 # --quick: the same code paths at toy sizes, for the test of the JSON's shape; its figures mean nothing.
 QUICK = Sizes(dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2), batch_size=2, context=32,
               prompt_tokens=4, new_tokens=8, decode_batches=(1, 2), decode_context=64, prefill_tokens=32,
@@ -93,7 +95,7 @@ def parse_args(argv):
     parser.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16 autocast)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
                         help="torch threads for both implementations (default: torch's, %(default)s here)")
-    parser.add_argument("--repeats", type=int, help="timed runs of each measurement (default 3, --quick 2)")
+    parser.add_argument("--repeats", type=int, help="timed runs of each measurement (default 5, --quick 2)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write a PNG of decode tokens/s against generated length")
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks that everything runs")
@@ -223,9 +225,11 @@ class StepClock(BaseStreamer):
         pass
 
 
-def our_generation(model: Transformer, prompts: torch.Tensor, new_tokens: int, use_cache: bool, device: Device):
-    """A run returning the time from its start at which each new token was out, and the tokens [B, new]."""
-    engine, prompt_lists = Engine(model), prompts.tolist()
+def our_generation(model: Transformer, prompts: torch.Tensor, new_tokens: int, use_cache: bool, device: Device,
+                   compile: bool = False):
+    """A run returning the time from its start at which each new token was out, and the tokens [B, new].
+    run.compile_s: each run's torch.compile time (Engine stats), the first run's holding the compilation."""
+    engine, prompt_lists = Engine(model, compile=compile), prompts.tolist()
 
     def run():
         start, times, ids = time.perf_counter(), [], []
@@ -233,7 +237,9 @@ def our_generation(model: Transformer, prompts: torch.Tensor, new_tokens: int, u
             for step_ids in engine.generate(prompt_lists, new_tokens, temperature=0, use_cache=use_cache):
                 times.append(time.perf_counter() - start)
                 ids.append(step_ids)
+        run.compile_s.append(engine.stats.compile_s)
         return times, torch.stack(ids, dim=1)
+    run.compile_s = []
     return run
 
 
@@ -270,18 +276,29 @@ def bench_decode(sizes: Sizes, repeats: int, device: Device) -> tuple[dict, dict
     results, curves = {}, {}
     for batch in sizes.decode_batches:
         prompts = torch.randint(vocab, (batch, sizes.prompt_tokens), device=device.name)
+        compiled = our_generation(ours, prompts, new, use_cache=True, device=device, compile=True)
         seconds, last = timed_alternately(f"decode, batch {batch}", {
             "ours": our_generation(ours, prompts, new, use_cache=True, device=device),
+            "ours, compiled": compiled,  # its warm-up run compiles the decode step
             "theirs": their_generation(theirs, prompts, new, device)}, repeats, device)
-        ours_tps, theirs_tps = (batch * new / statistics.median(seconds[name]) for name in ("ours", "theirs"))
+        ours_tps, compiled_tps, theirs_tps = (batch * new / statistics.median(seconds[name])
+                                              for name in ("ours", "ours, compiled", "theirs"))
         suffix = "" if batch == 1 else f"_b{batch}"
         results |= {f"decode{suffix}_tokens_per_s": ours_tps, f"hf_decode{suffix}_tokens_per_s": theirs_tps,
                     f"decode{suffix}_ratio": ours_tps / theirs_tps,
+                    f"compiled_decode{suffix}_tokens_per_s": compiled_tps,
+                    f"compiled_decode{suffix}_ratio": compiled_tps / theirs_tps,
+                    f"compiled_decode{suffix}_compile_s": compiled.compile_s[0],
                     # one greedy sequence on the same weights: they part only on a near-tie of two logits
                     f"decode{suffix}_same_tokens": bool(torch.equal(last["ours"][1], last["theirs"][1])),
-                    f"decode{suffix}_s": seconds["ours"], f"hf_decode{suffix}_s": seconds["theirs"]}
+                    f"compiled_decode{suffix}_same_tokens": bool(torch.equal(last["ours"][1],
+                                                                             last["ours, compiled"][1])),
+                    f"decode{suffix}_s": seconds["ours"], f"compiled_decode{suffix}_s": seconds["ours, compiled"],
+                    f"hf_decode{suffix}_s": seconds["theirs"]}
         if batch == 1:
-            curves |= {"nanollama, KV cache": last["ours"][0], "transformers, KV cache": last["theirs"][0]}
+            curves |= {"nanollama, KV cache": last["ours"][0],
+                       "nanollama, KV cache, compiled": last["ours, compiled"][0],
+                       "transformers, KV cache": last["theirs"][0]}
             # once, and without a warm-up (the cached runs warmed the same model): it is the slow one
             nocache_seconds, nocache = timed_alternately("decode, batch 1", {
                 "ours, no cache": our_generation(ours, prompts, new, use_cache=False, device=device)}, 1, device,
@@ -321,8 +338,14 @@ def table(r: dict, sizes: Sizes) -> str:
          f"{r['mfu']:.0%}", f"{r['hf_mfu']:.0%}", None, "mfu"),
         (f"decode tokens/s, batch 1, {sizes.new_tokens} new", r["decode_tokens_per_s"], r["hf_decode_tokens_per_s"],
          r["decode_ratio"], "decode_ratio"),
+        (f"decode tokens/s, batch 1, torch.compile (compiled in {r['compiled_decode_compile_s']:.0f} s)",
+         r["compiled_decode_tokens_per_s"], r["hf_decode_tokens_per_s"], r["compiled_decode_ratio"],
+         "compiled_decode_ratio"),
         (f"decode tokens/s, batch {b}, {sizes.new_tokens} new", r[f"decode_b{b}_tokens_per_s"],
          r[f"hf_decode_b{b}_tokens_per_s"], r[f"decode_b{b}_ratio"], None),
+        (f"decode tokens/s, batch {b}, torch.compile (compiled in {r[f'compiled_decode_b{b}_compile_s']:.0f} s)",
+         r[f"compiled_decode_b{b}_tokens_per_s"], r[f"hf_decode_b{b}_tokens_per_s"], r[f"compiled_decode_b{b}_ratio"],
+         None),
         ("no-cache decode tokens/s, batch 1 (ratio: KV cache / no cache)", r["nocache_decode_tokens_per_s"], None,
          r["cache_vs_nocache"], "cache_vs_nocache"),
         (f"prefill tokens/s, {sizes.prefill_tokens}-token prompt", r["prefill_tokens_per_s"],

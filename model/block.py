@@ -27,7 +27,8 @@ class Block(nn.Module):
         self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, layer)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
     def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         if self.pre_norm:

@@ -5,7 +5,8 @@
       cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
       uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
     cache k, v: [n_layers, B, n_kv_heads, max_len, head_dim], max_len = min(context_length, P + max_new_tokens - 1),
-    allocated once per generation and written in place (the last new token is never fed back).
+    allocated once per generation and written in place (the last new token is never fed back; a compiled
+    engine allocates one spare position, see _run).
 
 Sampling: temperature 0 is greedy argmax. Otherwise softmax(logits / temperature), restricted to the
 top_k largest logits (every logit tied with the k-th is kept) and then to the top_p nucleus: the
@@ -37,6 +38,9 @@ from model.kv_cache import KVCache
 from model.transformer import Transformer
 
 MAX_NEW_TOKENS = 1_000_000
+# torch.compile specialises an integer argument equal to 1 (as it does sizes of 1), so a decode step at
+# position 1 (after a BOS-only prompt) runs eagerly and one compiled graph serves every later position.
+COMPILED_FROM = 2
 
 
 class SamplingError(ValueError):
@@ -96,6 +100,10 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     cache_bytes: int = 0
+    # Engine(compile=True): the run's first cached decode step, where torch.compile compiles (or finds) its graph;
+    # its time and tokens are kept out of decode_s and the decode rate.
+    compile_s: float = 0.0
+    compile_tokens: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -103,17 +111,23 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        return self.generated_tokens / self.decode_s if self.decode_s else 0.0
+        return (self.generated_tokens - self.compile_tokens) / self.decode_s if self.decode_s else 0.0
 
     def __str__(self) -> str:
+        compiled = f" | torch.compile + first decode step {self.compile_s:.1f} s" if self.compile_s else ""
         return (f"prompt tokens {self.prompt_tokens} | generated tokens {self.generated_tokens} | "
                 f"prefill {self.prefill_tokens_per_s:,.0f} tokens/s | decode {self.decode_tokens_per_s:,.0f} tokens/s | "
-                f"KV cache {self.cache_bytes:,} bytes")
+                f"KV cache {self.cache_bytes:,} bytes{compiled}")
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer=None):
+    def __init__(self, model: Transformer, tokenizer=None, compile: bool = False):
+        """compile: run the decode steps (one token per sample, with the cache) through torch.compile, which fuses
+        their small ops. Dynamic shapes: one graph for every position, one for batch 1 and one for larger batches,
+        each compiled at its first use (~30 s on 2 CPU cores, seconds from torch's cache later); the prompt's
+        prefill stays eager. Worth it only for long generations: see README's Performance."""
         self.model = model
+        self.decoder = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
         self.tokenizer = tokenizer  # needed by complete() only
         self.stats = GenerationStats()  # of the latest run, updated as it goes
 
@@ -156,7 +170,9 @@ class Engine:
         window = torch.empty(batch, context + 1, dtype=torch.long, device=prompt.device)
         window[:, :prompt_len] = prompt
         n = prompt_len
-        cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1)) if use_cache else None
+        # Compiled, one spare position: a step whose keys fill the cache exactly would need a graph of its own.
+        spare = int(self.decoder is not model)
+        cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1 + spare)) if use_cache else None
         self.stats = stats = GenerationStats(prompt_tokens=batch * prompt_len,
                                              cache_bytes=cache.nbytes if cache is not None else 0)
         ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
@@ -167,6 +183,7 @@ class Engine:
             logits = self._forward(window[:, :n], 0, cache)
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
+            compiling, compiled = False, self.decoder is model  # compiled: the run has met its compiled graph
             for step in range(max_new_tokens):
                 if step:
                     window[:, n] = next_id
@@ -178,16 +195,21 @@ class Engine:
                     elif cache is None:  # the O(n^2) path the cache removes: recompute the whole prefix
                         logits = self._forward(window[:, :n], 0, None)
                     else:
+                        compiling = not compiled and n - 1 >= COMPILED_FROM
+                        compiled |= compiling
                         logits = self._decode_step(next_id, n - 1, cache)
                 next_id = pick(logits)
-                if eos_id is None:
-                    stats.generated_tokens += batch
-                else:
-                    stats.generated_tokens += batch - int(ended.sum())
+                new_tokens = batch if eos_id is None else batch - int(ended.sum())
+                stats.generated_tokens += new_tokens
+                if eos_id is not None:
                     next_id = next_id.masked_fill(ended, eos_id)
                     ended |= next_id == eos_id
                 finished = eos_id is not None and bool(ended.all())
-                stats.decode_s += self._elapsed(clock)
+                if compiling:
+                    stats.compile_s, stats.compile_tokens = self._elapsed(clock), new_tokens
+                    compiling = False
+                else:
+                    stats.decode_s += self._elapsed(clock)
                 yield next_id
                 if finished:
                     return
@@ -197,11 +219,12 @@ class Engine:
 
     def _decode_step(self, token_ids: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
         """One new token per sample, ids [B] at `position`, reading and extending the cache -> logits [B, V]."""
-        return self._forward(token_ids[:, None], position, cache)
+        return self._forward(token_ids[:, None], position, cache,
+                             self.decoder if position >= COMPILED_FROM else self.model)
 
-    def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:
         """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V]."""
-        return self.model(tokens, start, cache, last_only=True)[:, -1]
+        return (self.model if model is None else model)(tokens, start, cache, last_only=True)[:, -1]
 
     def _elapsed(self, since: float) -> float:
         if self.model.tok_emb.weight.is_cuda:  # kernels run asynchronously; wait for them before reading the clock

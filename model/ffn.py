@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.linear import Linear
+
 ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu}
 
 
@@ -20,8 +22,8 @@ class FeedForward(nn.Module):
         self.gated = kind == "swiglu"
         self.activation = ACTIVATIONS[kind]
         # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split.
-        self.w_in = nn.Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
-        self.w_out = nn.Linear(d_ff, d_model, bias=bias)
+        self.w_in = Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
+        self.w_out = Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)

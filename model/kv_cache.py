@@ -37,6 +37,9 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
+        # Each layer's [batch, n_kv_heads, max_len, head_dim] views, made once: a decode step then costs
+        # a narrow and a copy per tensor instead of indexing the layer dimension again.
+        self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))
 
     @property
     def nbytes(self) -> int:  # what is allocated; kv_cache_bytes() is the formula
@@ -48,9 +51,10 @@ class KVCache:
         end = start + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: position {end} > max_len {self.max_len}")
-        self.k[layer, :, :, start:end] = k
-        self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        keys, values = self.layers[layer]
+        keys.narrow(2, start, k.shape[2]).copy_(k)
+        values.narrow(2, start, v.shape[2]).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
 
 def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,

@@ -36,9 +36,10 @@ class Rotary(nn.Module):
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         """x: [batch, heads, seq, D], its first token at absolute position `start`."""
         seq = x.shape[-2]
-        cos = self.cos[start:start + seq].to(x.dtype)
-        sin = self.sin[start:start + seq].to(x.dtype)
-        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+        cos, sin = self.cos[start:start + seq], self.sin[start:start + seq]
+        if cos.dtype != x.dtype:  # bf16 activations under autocast; fp32 skips two calls per layer
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # rounded as transformers' (addcmul is not)
 
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:

@@ -16,6 +16,7 @@ from torch import nn
 from model.block import Block
 from model.config import ModelConfig
 from model.kv_cache import KVCache
+from model.linear import Linear
 from model.norms import make_norm
 from model.positions import AbsolutePositions, Rotary
 
@@ -29,11 +30,11 @@ class Transformer(nn.Module):
         self.abs_pos = (AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model)
                         if cfg.position in ("sinusoidal", "learned") else None)
         self.rotary = rotary  # one table, shared by every layer's attention
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))
         # Post-Norm blocks already end in a norm; Pre-Norm leaves the residual stream unnormalised.
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -42,12 +43,10 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("attn.out.weight", "ffn.w_out.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        # Each matmul weight W [out, in] is kept column-major (W^T contiguous; shapes, names and checkpoints
-        # unchanged): for the few rows of a decode step MKL's x @ W^T is faster reading W^T row by row (a whole
-        # decode step 1.2x on the dev machine's AMD EPYC), and training is as fast either way.
+        # Column-major matmul weights for fast decoding (model/linear.py); after tying, so the LM head's too.
         for module in self.modules():
-            if isinstance(module, nn.Linear):
-                module.weight.data = module.weight.data.t().contiguous().t()
+            if isinstance(module, Linear):
+                module.store_column_major()
 
     @staticmethod
     def _init_weights(module: nn.Module):

@@ -13,6 +13,7 @@ import bench
 ROOT = Path(__file__).resolve().parents[1]
 THROUGHPUTS = ["train_tokens_per_s", "hf_train_tokens_per_s", "decode_tokens_per_s", "hf_decode_tokens_per_s",
                "decode_b2_tokens_per_s", "hf_decode_b2_tokens_per_s", "nocache_decode_tokens_per_s",
+               "compiled_decode_tokens_per_s", "compiled_decode_b2_tokens_per_s",
                "prefill_tokens_per_s", "hf_prefill_tokens_per_s", "peak_gflops"]
 
 
@@ -28,6 +29,10 @@ def test_quick_run_writes_every_figure(tmp_path):
         assert math.isfinite(result[key]) and result[key] > 0, key
     assert result["train_ratio"] == pytest.approx(result["train_tokens_per_s"] / result["hf_train_tokens_per_s"])
     assert result["decode_ratio"] == pytest.approx(result["decode_tokens_per_s"] / result["hf_decode_tokens_per_s"])
+    assert result["compiled_decode_ratio"] == pytest.approx(
+        result["compiled_decode_tokens_per_s"] / result["hf_decode_tokens_per_s"])
+    # the compiled engine's warm-up run compiles (seconds), its timed run reuses the graph
+    assert result["compiled_decode_compile_s"] > 0.5 and result["compiled_decode_b2_compile_s"] > 0.5
     assert result["cache_vs_nocache"] == pytest.approx(
         result["decode_tokens_per_s"] / result["nocache_decode_tokens_per_s"])
     # Quick dims: vocab 256, d 64, 2 layers, 4 heads of 16 dims, 2 K/V heads, SwiGLU d_ff 192, context 32.
@@ -39,11 +44,14 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert 0 < result["mfu"] < 1 and 0 < result["hf_mfu"] < 1
     assert result["targets_met"] == {"train_ratio": result["train_ratio"] >= 1.0, "mfu": result["mfu"] >= 0.6,
                                      "decode_ratio": result["decode_ratio"] >= 2.0,
+                                     "compiled_decode_ratio": result["compiled_decode_ratio"] >= 2.0,
                                      "cache_vs_nocache": result["cache_vs_nocache"] >= 5.0}
     # Same weights on both sides, greedy: the two implementations must pick the same tokens.
     assert result["decode_same_tokens"] and result["decode_b2_same_tokens"]
+    assert result["compiled_decode_same_tokens"] and result["compiled_decode_b2_same_tokens"]
     assert result["threads"] == 1 and result["dtype"] == "fp32" and result["quick"]
     assert "| training tokens/s" in proc.stdout and "| decode tokens/s, batch 1" in proc.stdout
+    assert "| decode tokens/s, batch 1, torch.compile (compiled in" in proc.stdout
     assert png.read_bytes().startswith(b"\x89PNG")
 
 

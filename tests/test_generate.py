@@ -55,8 +55,8 @@ class RecordingEngine(Engine):
         super().__init__(model)
         self.forwards = []
 
-    def _forward(self, tokens, start, cache):
-        logits = super()._forward(tokens, start, cache)
+    def _forward(self, tokens, start, cache, model=None):
+        logits = super()._forward(tokens, start, cache, model)
         self.forwards.append((start, tokens.shape[1], logits.clone()))
         return logits
 
@@ -80,6 +80,31 @@ def test_cache_equals_recomputation(norm, norm_position, position, attention, ff
     assert [f[:2] for f in without_cache.forwards] == [(0, 5), (0, 6), (0, 7), (0, 8), (0, 9), (0, 10)]
     for (*_, a), (*_, b) in zip(with_cache.forwards, without_cache.forwards):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_compiled_decode_equals_eager_and_reports_its_compile_time():
+    model = random_model()
+
+    class CompiledRecordingEngine(RecordingEngine):
+        def __init__(self, model):
+            Engine.__init__(self, model, compile=True)
+            self.forwards = []
+    compiled = CompiledRecordingEngine(model)
+    # a BOS-only prompt first decodes at position 1, eagerly; the graph compiled at position 2 then serves
+    # every later position and prompt length
+    for prompts, compiles in (([[1]], True), ([[1, 5, 9]], False)):
+        compiled.forwards = []
+        tokens = torch.stack(list(compiled.generate(prompts, 8, temperature=0)), dim=1).tolist()
+        eager_tokens, eager = greedy(model, prompts, 8, use_cache=True)
+        assert tokens == eager_tokens
+        for (*_, a), (*_, b) in zip(compiled.forwards, eager.forwards):
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+        stats = compiled.stats
+        # the run's first step through the compiled graph is timed apart, with its token
+        assert stats.compile_tokens == 1 and stats.generated_tokens == 8
+        assert stats.decode_tokens_per_s == 7 / stats.decode_s
+        assert (stats.compile_s > 0.1) == compiles, stats
+    assert str(stats).endswith(f"torch.compile + first decode step {stats.compile_s:.1f} s")
 
 
 def test_cache_bytes_and_projection_counts():
@@ -283,6 +308,7 @@ def test_stream_prints_multibyte_characters_whole(tokenizer, capsys):
     (["--top-p", "1.5"], "--top-p=1.5 must be in (0, 1]"),
     (["--top-k", "0"], "--top-k=0 must be >= 1"),
     (["--device", "nodevice"], "--device=nodevice is not usable here"),
+    (["--compile", "--no-kv-cache"], "--compile compiles the cached decode step; it does nothing with --no-kv-cache"),
 ])
 def test_bad_flags_get_one_line_and_exit_2(run_dir, capsys, flags, message):
     code, out, err = run_main(capsys, "--ckpt", run_dir, *flags)

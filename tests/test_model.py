@@ -15,6 +15,7 @@ from model.attention import Attention
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
 from model.ffn import FeedForward
 from model.hf_interop import hf_config, hf_state_dict
+from model.linear import SPLIT_MAX_ROWS, Linear
 from model.norms import RMSNorm, make_norm
 from model.positions import Rotary
 
@@ -209,3 +210,72 @@ def test_logits_equal_transformers_llama(n_kv_heads, tie_embeddings, attn_implem
             logits, expected = ours(tokens), theirs(tokens).logits
         assert expected.std() > 0.5  # the tolerance below is small relative to the logits
         assert (logits - expected).abs().max().item() <= 1e-5, seq
+
+
+# --- model/linear.py: the decode-time matmul -------------------------------------------------
+
+@pytest.fixture
+def threads():
+    """Sets torch's thread count for one test (conftest runs tests on one thread)."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def column_major_linear(inp: int, out: int, bias: bool) -> Linear:
+    layer = Linear(inp, out, bias=bias)
+    layer.store_column_major()
+    assert layer.weight.shape == (out, inp) and layer.weight.stride() == (1, out)
+    return layer
+
+
+@pytest.mark.parametrize("n_threads", [2, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_split_matmul_is_f_linear_bit_for_bit_on_llama_tiny_shapes(threads, n_threads, bias):
+    threads(n_threads)
+    torch.manual_seed(0)
+    # qkv, out, [W1; W3], W2 and the LM head of llama_tiny (d 256, d_ff 704, vocab 4096), whose widths split evenly
+    for inp, out in [(256, 384), (256, 256), (256, 1408), (704, 256), (256, 4096)]:
+        layer = column_major_linear(inp, out, bias)
+        for rows in [(1, 1), (8, 1), (3, 5), ()]:
+            x = torch.randn(*rows, inp)
+            with torch.no_grad():
+                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), (inp, out, rows)
+
+
+def test_split_matmul_is_taken_only_where_it_pays(threads, monkeypatch):
+    calls = []
+    monkeypatch.setattr("model.linear.split_matmul",
+                        lambda x, w, b, splits: calls.append(splits) or F.linear(x, w, b))
+    layer, odd = column_major_linear(64, 12, bias=True), column_major_linear(64, 7, bias=False)
+    one_row, many_rows = torch.randn(1, 1, 64), torch.randn(SPLIT_MAX_ROWS + 1, 64)
+
+    def split_used(layer, x, grad=False):
+        calls.clear()
+        with torch.set_grad_enabled(grad):
+            y = layer(x)
+        torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=0, atol=1e-6)
+        return bool(calls)
+    threads(2)
+    assert split_used(layer, one_row) and calls == [2]
+    assert split_used(layer, many_rows[:SPLIT_MAX_ROWS])
+    assert not split_used(layer, many_rows)  # more rows: MKL uses the threads itself
+    assert not split_used(layer, one_row, grad=True)  # training keeps F.linear and its backward
+    assert not split_used(odd, one_row)  # 7 columns do not split in 2
+    assert not split_used(Linear(64, 12), one_row)  # a row-major weight has no column blocks to view
+    threads(1)
+    assert not split_used(layer, one_row)
+
+
+def test_split_matmul_in_a_decode_step_equals_recomputation(threads):
+    threads(2)
+    model = Transformer(ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
+                                    context_length=32, bias=True)).eval()
+    tokens = torch.randint(256, (3, 9))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_kv_cache(3, 9)
+        model(tokens[:, :8], 0, cache)
+        step = model(tokens[:, 8:], 8, cache)  # 3 rows: the split path
+    torch.testing.assert_close(step[:, -1], full[:, -1], rtol=0, atol=1e-5)
+
