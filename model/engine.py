@@ -183,8 +183,9 @@ class Engine:
             logits = self._forward(window[:, :n], 0, cache)
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
-            compiling, compiled = False, self.decoder is model  # compiled: the run has met its compiled graph
+            compiled = self.decoder is model  # whether this run has been through its compiled graph yet
             for step in range(max_new_tokens):
+                compiling = False  # this step is the run's first through the compiled graph
                 if step:
                     window[:, n] = next_id
                     n += 1
@@ -207,7 +208,6 @@ class Engine:
                 finished = eos_id is not None and bool(ended.all())
                 if compiling:
                     stats.compile_s, stats.compile_tokens = self._elapsed(clock), new_tokens
-                    compiling = False
                 else:
                     stats.decode_s += self._elapsed(clock)
                 yield next_id

@@ -2,6 +2,7 @@
 sampling, the context limits, EOS, the CLI's output and its bad-input errors."""
 import itertools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -268,6 +269,15 @@ def test_generate_prints_the_greedy_text_and_stats(run_dir, tokenizer, capsys):
     code, uncached_out, uncached_err = run_main(capsys, "--ckpt", run_dir / "ckpt", "--prompt", "the king",
                                                 "--max-new-tokens", 12, "--temperature", 0, "--no-kv-cache")
     assert (code, uncached_out) == (0, out) and "KV cache 0 bytes" in uncached_err
+
+
+def test_generate_compiled_prints_the_same_text(run_dir, capsys):
+    argv = ["--ckpt", run_dir, "--prompt", "the king", "--max-new-tokens", 12, "--temperature", 0, "--ignore-eos"]
+    code, out, err = run_main(capsys, *argv)
+    code_compiled, out_compiled, err_compiled = run_main(capsys, *argv, "--compile")
+    assert (code, code_compiled) == (0, 0) and out_compiled == out
+    assert re.search(r"\| torch\.compile \+ first decode step \d+\.\d s$", err_compiled.strip()), err_compiled
+    assert "torch.compile" not in err
 
 
 def test_generate_samples_a_batch(run_dir, capsys):
