@@ -4,7 +4,7 @@
 
 Both implementations get the llama_tiny dims (vocab 4096, d 256, 6 layers, 8 query / 2 K/V heads, SwiGLU
 d_ff 704, tied embeddings), the same weights (copied through model/hf_interop.py), the same inputs and the
-same thread count. The timed runs alternate (ours, theirs, ours, theirs, ...) so that noise from other
+same thread count. The timed runs alternate (ours, theirs, theirs, ours, ours, ...) so that noise from other
 processes hits both, and every figure is the median over --repeats runs after one untimed warm-up.
 Machines are shared: compare the ratios, not the absolute figures.
 
@@ -141,12 +141,13 @@ def build_pair(dims: dict, context: int, device: Device) -> tuple[Transformer, n
 
 
 def timed_alternately(what: str, runs: dict, repeats: int, device: Device, warm_up: bool = True) -> tuple[dict, dict]:
-    """Calls the runs in turn, A B C A B C ..., `repeats` times, after one untimed call of each if warm_up.
+    """Calls the runs in turn, A B C, C B A, A B C ..., `repeats` times, after one untimed call of each if warm_up:
+    the order flips every round so that no run always follows the same one.
     Returns ({name: [seconds]}, {name: the last call's return value})."""
     seconds, results = {name: [] for name in runs}, {}
     print(f"bench: {what}: {', '.join(runs)}, {repeats} timed runs each", file=sys.stderr, flush=True)
     for repeat in range(repeats + warm_up):
-        for name, run in runs.items():
+        for name, run in list(runs.items())[::1 if repeat % 2 == 0 else -1]:
             device.sync()
             start = time.perf_counter()
             results[name] = run()

@@ -42,11 +42,16 @@ def split_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     """F.linear(x, weight, bias) as `splits` column blocks in one batched matmul; weight column-major."""
     out, inp = weight.shape
     width = out // splits
-    # [S, in, out/S] view of the column-major weight: block s, row k, column j is W[s * width + j, k]
+    # Views, one call each (a decode step makes 25 of these products; every call counts):
+    # blocks [S, in, out/S] of the column-major weight, block s, row k, column j = W[s * width + j, k];
+    # rows [S, n, in], the same n rows of x for every block (stride 0 over S).
     blocks = weight.as_strided((splits, inp, width), (width, out, 1))
-    rows = x.reshape(1, -1, inp).expand(splits, -1, inp)  # every block multiplies the same rows
+    x = x.contiguous()
+    rows = x.as_strided((splits, x.numel() // inp, inp), (0, inp, 1))
     if bias is None:
         y = torch.bmm(rows, blocks)
     else:
         y = torch.baddbmm(bias.view(splits, 1, width), rows, blocks)
-    return y.transpose(0, 1).reshape(*x.shape[:-1], out)  # [S, rows, out/S] -> [..., out]; a view for one row
+    if y.shape[1] == 1:  # [S, 1, out/S] is already [out] in order
+        return y.view(*x.shape[:-1], out)
+    return y.transpose(0, 1).reshape(*x.shape[:-1], out)  # [S, n, out/S] -> [n, S, out/S] -> [..., out]

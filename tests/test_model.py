@@ -237,10 +237,11 @@ def test_split_matmul_is_f_linear_bit_for_bit_on_llama_tiny_shapes(threads, n_th
     # qkv, out, [W1; W3], W2 and the LM head of llama_tiny (d 256, d_ff 704, vocab 4096), whose widths split evenly
     for inp, out in [(256, 384), (256, 256), (256, 1408), (704, 256), (256, 4096)]:
         layer = column_major_linear(inp, out, bias)
-        for rows in [(1, 1), (8, 1), (3, 5), ()]:
-            x = torch.randn(*rows, inp)
+        # decode's [B, 1, in], a prefill's [B, T, in], one vector, and 3 rows that are not contiguous
+        for x in [torch.randn(1, 1, inp), torch.randn(8, 1, inp), torch.randn(3, 5, inp), torch.randn(inp),
+                  torch.randn(inp, 3).t()]:
             with torch.no_grad():
-                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), (inp, out, rows)
+                assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias)), (inp, out, x.shape)
 
 
 def test_split_matmul_is_taken_only_where_it_pays(threads, monkeypatch):
