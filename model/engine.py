@@ -124,7 +124,7 @@ class Engine:
     def __init__(self, model: Transformer, tokenizer=None, compile: bool = False):
         """compile: run the decode steps (one token per sample, with the cache) through torch.compile, which fuses
         their small ops. Dynamic shapes: one graph for every position, one for batch 1 and one for larger batches,
-        each compiled at its first use (20-30 s on 2 CPU cores, seconds from torch's cache later); the prompt's
+        each compiled at its first use (15-30 s on 2 CPU cores, seconds from torch's cache later); the prompt's
         prefill stays eager. Worth it only for long generations: see README's Performance."""
         self.model = model
         self.decoder = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
