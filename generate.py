@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ignore-eos", action="store_true",
                         help="run every sample for --max-new-tokens, for benchmarks")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the decode step: 15-30 s at the first step, pays off on long generations")
+                        help="torch.compile the decode step: 15-21 s at the first step, pays off on long generations")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.compile and args.no_kv_cache:

@@ -124,8 +124,8 @@ class Engine:
     def __init__(self, model: Transformer, tokenizer=None, compile: bool = False):
         """compile: run the decode steps (one token per sample, with the cache) through torch.compile, which fuses
         their small ops. Dynamic shapes: one graph for every position, one for batch 1 and one for larger batches,
-        each compiled at its first use (15-30 s on 2 CPU cores, seconds from torch's cache later); the prompt's
-        prefill stays eager. Worth it only for long generations: see README's Performance."""
+        each compiled at its first use (15-21 s on 2 CPU cores in bench.py, seconds from torch's cache later);
+        the prompt's prefill stays eager. Worth it only for long generations: see README's Performance."""
         self.model = model
         self.decoder = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
         self.tokenizer = tokenizer  # needed by complete() only
@@ -183,7 +183,7 @@ class Engine:
             logits = self._forward(window[:, :n], 0, cache)
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
-            compiled = self.decoder is model  # whether this run has been through its compiled graph yet
+            compiled = False  # whether this run has been through its compiled graph yet
             for step in range(max_new_tokens):
                 compiling = False  # this step is the run's first through the compiled graph
                 if step:
@@ -196,9 +196,10 @@ class Engine:
                     elif cache is None:  # the O(n^2) path the cache removes: recompute the whole prefix
                         logits = self._forward(window[:, :n], 0, None)
                     else:
-                        compiling = not compiled and n - 1 >= COMPILED_FROM
+                        decoder = self.decoder if n - 1 >= COMPILED_FROM else model
+                        compiling = decoder is not model and not compiled
                         compiled |= compiling
-                        logits = self._decode_step(next_id, n - 1, cache)
+                        logits = self._decode_step(next_id, n - 1, cache, decoder)
                 next_id = pick(logits)
                 new_tokens = batch if eos_id is None else batch - int(ended.sum())
                 stats.generated_tokens += new_tokens
@@ -217,10 +218,10 @@ class Engine:
         finally:
             model.train(was_training)
 
-    def _decode_step(self, token_ids: torch.Tensor, position: int, cache: KVCache) -> torch.Tensor:
-        """One new token per sample, ids [B] at `position`, reading and extending the cache -> logits [B, V]."""
-        return self._forward(token_ids[:, None], position, cache,
-                             self.decoder if position >= COMPILED_FROM else self.model)
+    def _decode_step(self, token_ids: torch.Tensor, position: int, cache: KVCache, decoder) -> torch.Tensor:
+        """One new token per sample, ids [B] at `position`, reading and extending the cache -> logits [B, V];
+        decoder: the model or its compiled form."""
+        return self._forward(token_ids[:, None], position, cache, decoder)
 
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:
         """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V]."""
