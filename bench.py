@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import os
 import platform
 import statistics
@@ -51,10 +50,12 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.streamers import BaseStreamer
 
+from data.files import atomic_write
 from model import ModelConfig, Transformer
 from model.engine import Engine
 from model.hf_interop import hf_config, hf_state_dict
 from training.optim import make_optimizer
+from training.tracking import write_json
 
 LLAMA_TINY = dict(vocab_size=4096, d_model=256, n_layers=6, n_heads=8, n_kv_heads=2)  # configs/model/llama_tiny.yaml
 TRAIN = OmegaConf.load(Path(__file__).resolve().parent / "configs" / "config.yaml").train  # train.py's settings
@@ -397,8 +398,7 @@ def plot(curves: dict, path: Path, window: int = 32):
            title="Greedy decode speed against generated length")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path.with_name(path.name + ".tmp"), format="png")
-    os.replace(path.with_name(path.name + ".tmp"), path)
+    atomic_write(path, lambda f: fig.savefig(f, format="png"))
 
 
 def main(argv=None) -> int:
@@ -430,9 +430,7 @@ def main(argv=None) -> int:
           f"{results['bench_seconds']:.0f} s | medians of {repeats}\n")
     print(table(results, sizes))
     if args.json:
-        tmp = args.json.with_name(args.json.name + ".tmp")
-        tmp.write_text(json.dumps(results, indent=2) + "\n")
-        os.replace(tmp, args.json)
+        write_json(args.json, results)
     if args.plot:
         plot(curves, args.plot)
     return 0

@@ -22,7 +22,6 @@ completed: a NaN loss, a signal) is reported as incomplete and left out of the m
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +29,8 @@ from pathlib import Path
 
 import yaml
 from omegaconf import OmegaConf
+
+from data.files import atomic_write
 
 NOT_COMPARED = ("wandb",)  # config nodes that change how a run is logged, not what it trains
 
@@ -236,10 +237,8 @@ def plot(variants: list[Variant], path: Path) -> None:
     tail.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
     plt.close(fig)
-    tmp.replace(path)  # a reader never sees half a PNG
 
 
 def main(argv=None) -> None:

@@ -14,7 +14,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import datasets
 import numpy as np
 from tqdm import tqdm
 
+from data.files import atomic_write
 from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 
@@ -136,13 +136,6 @@ def read_manifest(cache: Path, key: str):
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return manifest if complete else None
-
-
-def atomic_write(path: Path, write):
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
 
 
 def build_cache(cache: Path, key: str, source, cfg) -> dict:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from data.files import atomic_write
+
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 TRAINER_SETTINGS = dict(
     model_type="bpe",
@@ -75,7 +77,5 @@ def train_tokenizer(lines: Iterable[str], vocab_size: int, model_file) -> Tokeni
         **TRAINER_SETTINGS,
     )
     model_file = Path(model_file)
-    tmp = model_file.with_name(f"{model_file.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(model.getvalue())
-    os.replace(tmp, model_file)
+    atomic_write(model_file, lambda f: f.write(model.getvalue()))
     return Tokenizer(model_file)

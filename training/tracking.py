@@ -17,6 +17,8 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
+from data.files import atomic_write
+
 from model.config import ConfigError
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -54,9 +56,7 @@ def default_run_name(choices: dict) -> str:
 
 
 def write_json(path: Path, values: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(values, indent=2) + "\n")
-    tmp.replace(path)  # a reader never sees half a file
+    atomic_write(path, lambda f: f.write((json.dumps(values, indent=2) + "\n").encode()))
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
@@ -71,9 +71,7 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
                 kept.append(line + "\n")
         except (json.JSONDecodeError, KeyError, TypeError):
             break
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(kept))
-    tmp.replace(path)
+    atomic_write(path, lambda f: f.write("".join(kept).encode()))
 
 
 class Tracker:
