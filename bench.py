@@ -43,7 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 import transformers
 from omegaconf import OmegaConf
 from torch import nn
@@ -54,6 +53,7 @@ from data.files import atomic_write
 from model import ModelConfig, Transformer
 from model.engine import Engine
 from model.hf_interop import hf_config, hf_state_dict
+from training.evaluate import next_token_loss
 from training.optim import make_optimizer
 from training.tracking import write_json
 
@@ -174,8 +174,7 @@ def train_step(model: nn.Module, logits_of, tokens: torch.Tensor, device: Device
 
     def step():
         with device.autocast():
-            logits = logits_of(inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+            loss = next_token_loss(logits_of, inputs, targets)  # train.py's loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -29,10 +29,10 @@ from tqdm import tqdm
 
 from data import DataError, eval_batches, get_batch, prepare_data
 from model.checkpoint import CheckpointError
-from model.config import ConfigError, ModelConfig
+from model.config import ConfigError
 from model.engine import Engine
 from model.transformer import Transformer
-from training.config import check_train_config, resolve_device
+from training.config import check_train_config, model_config, resolve_device
 from training.distributed import agree_on_step, master_first, setup_distributed, teardown_distributed, world_size
 from training.evaluate import evaluate, next_token_loss
 from training.optim import lr_at, make_optimizer
@@ -61,8 +61,7 @@ def train(cfg: DictConfig) -> int:
     tcfg = cfg.train
 
     # -------- settings: everything that can be checked without data fails here, in a second
-    model_cfg = ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True),
-                                       "vocab_size": cfg.data.vocab_size})
+    model_cfg = model_config(cfg)
     accum_steps = check_train_config(tcfg, world_size())
     device = resolve_device(tcfg.device)
     tracking_mode = wandb_mode(cfg.wandb.mode)

@@ -10,9 +10,9 @@ and each process runs that many forward/backward passes of micro_batch_size sequ
 import math
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from model.config import ConfigError
+from model.config import ConfigError, ModelConfig
 
 POSITIVE_INTS = ("max_steps", "batch_size", "micro_batch_size", "lr_decay_steps", "eval_interval",
                  "eval_batches", "log_interval", "ckpt_interval", "sample_interval", "sample_tokens")
@@ -38,6 +38,11 @@ def check_train_config(train: DictConfig, world_size: int) -> int:
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of {world_size} processes x "
                           f"train.micro_batch_size={train.micro_batch_size}")
     return train.batch_size // per_step
+
+
+def model_config(cfg: DictConfig) -> ModelConfig:
+    """The model of a composed config: its `model` node, with the vocab size the data settings give."""
+    return ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": cfg.data.vocab_size})
 
 
 def resolve_device(setting: str) -> torch.device:

@@ -2,7 +2,7 @@
 for Pre-Norm and Post-Norm at several depths.
 
     python -m training.grad_flow                                 # llama_tiny, depths 4 12 24
-    python -m training.grad_flow --depths 2 8 model.d_model=64   # any Hydra override of the model
+    python -m training.grad_flow model.d_model=64 --depths 2 8   # any Hydra override of the model, first
 
 Each model is freshly initialised (torch seed --seed) and does one forward/backward of the
 next-token loss on one fixed batch of uniformly random tokens: no data or tokenizer is needed,
@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
 
 from model import ConfigError, ModelConfig, Transformer
+from training.config import model_config
+from training.evaluate import next_token_loss
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -40,10 +40,10 @@ def gradient_ratios(model: Transformer, tokens: torch.Tensor) -> dict:
         outputs.append(output)
 
     hooks = [block.register_forward_hook(keep_output) for block in model.blocks]
-    logits = model(tokens[:, :-1])
+    loss = next_token_loss(model, tokens[:, :-1], tokens[:, 1:])
     for hook in hooks:
         hook.remove()
-    F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+    loss.backward()
 
     def param_grad_norm(block):
         return torch.cat([p.grad.flatten() for p in block.parameters()]).norm()
@@ -57,19 +57,17 @@ def gradient_ratios(model: Transformer, tokens: torch.Tensor) -> dict:
             "rms_growth": (rms(outputs[-1]) / rms(outputs[0])).item()}
 
 
-def model_config(overrides: list[str]) -> ModelConfig:
+def model_config_for(overrides: list[str]) -> ModelConfig:
     """The `model` node Hydra composes from configs/ with these overrides, e.g. ["norm_position=post"]."""
     with initialize_config_dir(str(CONFIG_DIR), version_base=None):
-        cfg = compose("config", overrides=overrides)
-    return ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True),
-                                  "vocab_size": cfg.data.vocab_size})
+        return model_config(compose("config", overrides=overrides))
 
 
 def grad_flow_rows(depths: list[int], overrides: list[str], batch_size: int, seed: int):
     """One dict per (norm position, depth) with the numbers of gradient_ratios."""
     for norm_position in ("pre", "post"):
         for depth in depths:
-            cfg = model_config([*overrides, f"norm_position={norm_position}", f"model.n_layers={depth}"])
+            cfg = model_config_for([*overrides, f"norm_position={norm_position}", f"model.n_layers={depth}"])
             torch.manual_seed(seed)
             model = Transformer(cfg)
             tokens = torch.randint(cfg.vocab_size, (batch_size, cfg.context_length + 1),
@@ -87,7 +85,7 @@ def main(argv=None):
     if min(args.depths) < 2:
         parser.error(f"--depths {min(args.depths)}: a first/last ratio needs at least 2 blocks")
     try:
-        model_config(args.overrides)  # a bad override fails here, before any model is built
+        model_config_for(args.overrides)  # a bad override fails here, before any model is built
     except (HydraException, ConfigError) as err:
         print("error: " + " ".join(str(err).split()), file=sys.stderr)  # Hydra's messages span lines
         sys.exit(2)
