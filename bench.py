@@ -53,6 +53,7 @@ from data.files import atomic_write
 from model import ModelConfig, Transformer
 from model.engine import Engine
 from model.hf_interop import hf_config, hf_state_dict
+from training.config import autocast_for
 from training.evaluate import next_token_loss
 from training.optim import make_optimizer
 from training.tracking import write_json
@@ -128,7 +129,7 @@ class Device:
         self.cuda = name == "cuda"
 
     def autocast(self):
-        return torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda else contextlib.nullcontext()
+        return autocast_for(torch.device(self.name))  # as train.py trains: bf16 autocast on CUDA, fp32 on CPU
 
     def sync(self):
         if self.cuda:  # kernels run asynchronously; wait for them before reading the clock

@@ -32,7 +32,7 @@ from model.checkpoint import CheckpointError
 from model.config import ConfigError
 from model.engine import Engine
 from model.transformer import Transformer
-from training.config import check_train_config, model_config, resolve_device
+from training.config import autocast_for, check_train_config, model_config, resolve_device
 from training.distributed import agree_on_step, master_first, setup_distributed, teardown_distributed, world_size
 from training.evaluate import evaluate, next_token_loss
 from training.optim import lr_at, make_optimizer
@@ -84,8 +84,7 @@ def train(cfg: DictConfig) -> int:
     model = torch.compile(raw_model) if tcfg.compile else raw_model
     if ddp.world_size > 1:
         model = DistributedDataParallel(model, device_ids=[ddp.device.index] if ddp.device.type == "cuda" else None)
-    # bf16 on CUDA only: on CPUs without bf16 units, bf16 matmuls are far slower than fp32
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if ddp.device.type == "cuda" else nullcontext()
+    autocast = autocast_for(ddp.device)  # bf16 autocast on CUDA, fp32 on CPU
 
     name = cfg.wandb.name or default_run_name(hydra_cfg.runtime.choices)
     if ddp.master:

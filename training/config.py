@@ -1,4 +1,5 @@
-"""Checks of the train.* settings, run before any data is loaded, each failing with one line.
+"""Checks of the train.* settings, run before any data is loaded, each failing with one line; the device,
+the precision and the model config they give.
 
 The batch arithmetic lives here: train.batch_size is the GLOBAL batch in sequences per optimizer
 step, whatever the number of processes, so
@@ -8,6 +9,7 @@ step, whatever the number of processes, so
 and each process runs that many forward/backward passes of micro_batch_size sequences per step.
 """
 import math
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -43,6 +45,12 @@ def check_train_config(train: DictConfig, world_size: int) -> int:
 def model_config(cfg: DictConfig) -> ModelConfig:
     """The model of a composed config: its `model` node, with the vocab size the data settings give."""
     return ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": cfg.data.vocab_size})
+
+
+def autocast_for(device: torch.device) -> AbstractContextManager:
+    """The forward pass's precision: bf16 autocast on CUDA, fp32 on CPU (on CPUs without bf16 units,
+    bf16 matmuls are far slower than fp32)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
 
 def resolve_device(setting: str) -> torch.device:
