@@ -199,7 +199,7 @@ class Engine:
                         decoder = self.decoder if n - 1 >= COMPILED_FROM else model
                         compiling = decoder is not model and not compiled
                         compiled |= compiling
-                        logits = self._decode_step(next_id, n - 1, cache, decoder)
+                        logits = self._forward(next_id[:, None], n - 1, cache, decoder)  # reads and extends the cache
                 next_id = pick(logits)
                 new_tokens = batch if eos_id is None else batch - int(ended.sum())
                 stats.generated_tokens += new_tokens
@@ -218,13 +218,9 @@ class Engine:
         finally:
             model.train(was_training)
 
-    def _decode_step(self, token_ids: torch.Tensor, position: int, cache: KVCache, decoder) -> torch.Tensor:
-        """One new token per sample, ids [B] at `position`, reading and extending the cache -> logits [B, V];
-        decoder: the model or its compiled form."""
-        return self._forward(token_ids[:, None], position, cache, decoder)
-
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:
-        """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V]."""
+        """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V];
+        model: the eager model (default) or its compiled form."""
         return (self.model if model is None else model)(tokens, start, cache, last_only=True)[:, -1]
 
     def _elapsed(self, since: float) -> float:
