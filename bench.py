@@ -1,6 +1,7 @@
 """Throughput of this repo's LLaMA against transformers' LlamaForCausalLM, in one process on one machine.
 
     python bench.py [--device cpu|cuda] [--threads N] [--repeats N] [--json PATH] [--plot PATH] [--quick]
+    python bench.py --ablation [--repeats N] [--json PATH]    # training tokens/s of each ablation variant
 
 Both implementations get the llama_tiny dims (vocab 4096, d 256, 6 layers, 8 query / 2 K/V heads, SwiGLU
 d_ff 704, tied embeddings), the same weights (copied through model/hf_interop.py), the same inputs and the
@@ -105,6 +106,8 @@ def parse_args(argv):
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write a PNG of decode tokens/s against generated length")
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks that everything runs")
+    parser.add_argument("--ablation", action="store_true",
+                        help="only the ablation's variants: training tokens/s of each, alternated")
     args = parser.parse_args(argv)
     if args.device not in ("cpu", "cuda"):
         raise UserError(f"--device={args.device!r} must be cpu or cuda")
@@ -164,6 +167,41 @@ def timed_alternately(what: str, runs: dict, repeats: int, device: Device,
             else:
                 warm_up_s[name] = time.perf_counter() - start
     return seconds, results, warm_up_s
+
+
+# ---------------------------------------------------------------- the ablation's variants
+
+def bench_ablation(repeats: int, device: Device) -> dict:
+    """Training tokens/s of every ablation variant at the ablation's size (+experiment=ablation ablation=X:
+    train.batch_size sequences of its context, train.py's AdamW), one training step of each in turn, alternated
+    in one process: the speed the learning-rate sweep's runs cannot show, since they shared the cores."""
+    from hydra import compose, initialize_config_dir
+
+    from sweep import VARIANTS
+    from training.config import CONFIG_DIR, model_config
+
+    steps, tokens_per_step = {}, None
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        for variant in VARIANTS:
+            cfg = compose("config", overrides=["+experiment=ablation", f"ablation={variant}"])
+            model = Transformer(model_config(cfg)).to(device.name)
+            T = model.cfg.context_length
+            batch = torch.randint(model.cfg.vocab_size, (cfg.train.batch_size, T + 1), device=device.name)
+            steps[variant] = train_step(model, model, batch, device)
+            tokens_per_step = cfg.train.batch_size * T
+    seconds, _, _ = timed_alternately("ablation training steps", steps, repeats, device)
+    base = statistics.median(seconds["baseline"])
+    return {variant: {"tokens_per_s": tokens_per_step / statistics.median(s),
+                      "tokens_per_s_range": [tokens_per_step / max(s), tokens_per_step / min(s)],
+                      "vs_baseline": base / statistics.median(s)} for variant, s in seconds.items()}
+
+
+def ablation_table(speeds: dict) -> str:
+    rows = ["| variant | training tokens/s (median) | min - max | vs baseline |", "|---|---:|---:|---:|"]
+    for variant, r in speeds.items():
+        low, high = r["tokens_per_s_range"]
+        rows.append(f"| {variant} | {r['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | {r['vs_baseline']:.3f}x |")
+    return "\n".join(rows)
 
 
 # ---------------------------------------------------------------- training
@@ -415,6 +453,14 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     load_before = os.getloadavg()
     started = time.perf_counter()
+    if args.ablation:
+        speeds = bench_ablation(repeats, device)
+        print(f"{machine(device)} | {torch.get_num_threads()} threads | load {load_before[0]:.1f} -> "
+              f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - started:.0f} s | medians of {repeats}\n")
+        print(ablation_table(speeds))
+        if args.json:
+            write_json(args.json, speeds)
+        return 0
     results = bench_training(sizes, repeats, device)
     decode, curves = bench_decode(sizes, repeats, device)
     results |= decode

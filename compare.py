@@ -31,8 +31,11 @@ import yaml
 from omegaconf import OmegaConf
 
 from data.files import atomic_write
+from training.tracking import write_json
 
 NOT_COMPARED = ("wandb",)  # config nodes that change how a run is logged, not what it trains
+SEED = ("train.seed",)
+LEARNING_RATE = ("train.lr", "train.min_lr")  # what a learning-rate sweep varies within one variant
 
 
 @dataclass
@@ -111,21 +114,23 @@ def flatten(config: dict, prefix: str = "") -> dict:
     return flat
 
 
-def variant_key(run: Run) -> str:
+def variant_key(run: Run, ignored: tuple[str, ...]) -> str:
     flat = flatten({k: v for k, v in run.config.items() if k not in NOT_COMPARED})
-    flat.pop("train.seed", None)
+    for key in ignored:
+        flat.pop(key, None)
     return json.dumps(flat, sort_keys=True, default=str) if run.config else str(run.path)
 
 
-def group_runs(runs: list[Run]) -> list[Variant]:
+def group_runs(runs: list[Run], ignored: tuple[str, ...] = SEED) -> list[Variant]:
+    """Runs whose configs are equal apart from the `ignored` keys (and wandb.*) form one variant."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(variant_key(run), []).append(run)
+        groups.setdefault(variant_key(run, ignored), []).append(run)
     flats = [flatten(group[0].config) for group in groups.values()]
     named = [flat for flat in flats if flat]
     differing = sorted({k for flat in named for k in flat
                         if len({json.dumps(f.get(k), default=str) for f in named}) > 1
-                        and k not in ("variant", "train.seed") and not k.startswith(NOT_COMPARED)})
+                        and k not in ("variant", *ignored) and not k.startswith(NOT_COMPARED)})
     variants = []
     for group, flat in zip(groups.values(), flats):
         if not flat:  # no config to name it by
@@ -191,6 +196,137 @@ def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
     return "\n".join(lines)
 
 
+# -------- learning-rate sweeps: a variant's runs at several peak learning rates
+
+def by_lr(variant: Variant) -> dict[float, Variant]:
+    """The variant's runs split by train.lr, in increasing order: one Variant (of seeds) per lr."""
+    groups: dict[float, Variant] = {}
+    for run in variant.runs:
+        groups.setdefault(run.config["train"]["lr"], Variant(variant.name)).runs.append(run)
+    return dict(sorted(groups.items()))
+
+
+def init_bpb(runs: list[Run]) -> float | None:
+    """The loss at initialisation in bpb: ln(vocab_size) nats, a uniform prediction (the initialised
+    model's logits are near 0: 8.27 nats at step 0 against ln 4096 = 8.32), converted with the val
+    split's bytes per token, which any eval gives as val_loss / val_bpb / ln 2."""
+    for run in runs:
+        if run.evals and "vocab_size" in run.summary:
+            last = run.evals[-1]
+            return math.log(run.summary["vocab_size"]) * last["val_bpb"] / last["val_loss"]
+    return None
+
+
+def final_bpb(run: Run, init: float) -> float | None:
+    """A run's result on the learning-rate axis: its final val bpb, the loss at initialisation for a run
+    that diverged (Wortsman et al.: a diverged run scores no better than an untrained one), None for a
+    run that is missing or was stopped (no result, not a bad one)."""
+    if run.problem is None:
+        return run.evals[-1]["val_bpb"]
+    return init if run.problem.startswith("stopped: diverged") else None
+
+
+@dataclass
+class LRLine:
+    """One variant on the learning-rate axis."""
+    name: str
+    curve: dict[float, float]  # lr -> final val bpb of its lowest-seed run (seed 0), diverged at init
+    diverged: set[float]
+    best_lr: float | None
+    best: Variant  # the runs (seeds) at best_lr
+    sensitivity: float | None  # over the grid every line shares
+
+
+def lr_line(variant: Variant, init: float, grid: list[float]) -> LRLine:
+    curve, diverged = {}, set()
+    for lr, at_lr in by_lr(variant).items():
+        first = min(at_lr.runs, key=lambda r: r.config["train"].get("seed", 0))
+        value = final_bpb(first, init)
+        if value is not None:
+            curve[lr] = value
+            if first.problem is not None:
+                diverged.add(lr)
+    trained = {lr: v for lr, v in curve.items() if lr not in diverged}
+    best_lr = min(trained, key=trained.get) if trained else None
+    best = by_lr(variant)[best_lr] if best_lr is not None else Variant(variant.name)
+    sensitivity = lr_sensitivity([curve[lr] for lr in grid], init) if all(lr in curve for lr in grid) else None
+    return LRLine(variant.name, curve, diverged, best_lr, best, sensitivity)
+
+
+def lr_sensitivity(finals: list[float], init: float) -> float:
+    """Wortsman et al. 2023: E over the grid of min(final loss, loss at initialisation) minus the best
+    final loss on it. 0 when every learning rate of the grid does as well as the best one."""
+    return statistics.mean(min(f, init) for f in finals) - min(finals)
+
+
+def largest_lr_that_trains(line: LRLine, threshold: float) -> float | None:
+    trained = [lr for lr, bpb in line.curve.items() if lr not in line.diverged and bpb < threshold]
+    return max(trained) if trained else None
+
+
+def lr_sweep_lines(variants: list[Variant]) -> tuple[list[LRLine], list[float], float] | None:
+    """The lines of a learning-rate sweep and the grid they share, or None when no variant has runs at
+    more than one learning rate (a plain comparison)."""
+    if not any(len(by_lr(v)) > 1 for v in variants if all("train" in r.config for r in v.runs)):
+        return None
+    init = init_bpb([r for v in variants for r in v.runs])
+    grid = sorted(set.intersection(*(set(by_lr(v)) for v in variants)))
+    return [lr_line(v, init, grid) for v in variants], grid, init
+
+
+def lr_table(lines: list[LRLine], baseline: LRLine | None, unigram: float | None, margin: float) -> str:
+    rows = ["| variant | best lr | LR sensitivity | runs at best lr (n) | val bpb at best lr | Δ bpb vs baseline "
+            "| beyond seed noise? | largest lr that trains | params | KV cache bytes/token |",
+            "|---|---:|---:|---|---:|---:|---|---:|---:|---:|"]
+    for line in lines:
+        delta, beyond = difference(line.best, baseline.best if baseline else None)
+        if line is baseline:
+            delta, beyond = "(baseline)", ""
+        n_incomplete = len(line.best.runs) - len(line.best.complete)
+        runs = f"{len(line.best.complete)}" + (f" + {n_incomplete} incomplete" if n_incomplete else "")
+        trains = largest_lr_that_trains(line, unigram - margin) if unigram is not None else None
+        rows.append(f"| {line.name} | {'none' if line.best_lr is None else f'{line.best_lr:g}'} | "
+                    f"{'n/a' if line.sensitivity is None else f'{line.sensitivity:.4f}'} | {runs} "
+                    f"| {fmt_mean_std(line.best.final('val_bpb'))} | {delta} | {beyond} "
+                    f"| {'none' if trains is None else f'{trains:g}'} | {summary_value(line.best, 'num_params')} "
+                    f"| {summary_value(line.best, 'kv_cache_bytes_per_token')} |")
+    return "\n".join(rows)
+
+
+def lr_plot(lines: list[LRLine], init: float, unigram: float | None, path: Path) -> None:
+    """Final val bpb against peak learning rate (log x), one line per variant: Wortsman et al.'s figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for line in lines:
+        lrs = sorted(line.curve)
+        (drawn,) = ax.plot(lrs, [min(line.curve[lr], init) for lr in lrs], marker="o", label=line.name,
+                           linestyle="--" if line.name.endswith("nowarmup") else "-")
+        gone = [lr for lr in lrs if lr in line.diverged]
+        ax.plot(gone, [init] * len(gone), "x", color=drawn.get_color(), markersize=9)
+        seeds = line.best.final("val_bpb")
+        if len(seeds) > 1:
+            ax.errorbar([line.best_lr], [statistics.mean(seeds)], yerr=[statistics.stdev(seeds)],
+                        color=drawn.get_color(), capsize=4)
+    if unigram is not None:
+        ax.axhline(unigram, color="gray", linestyle=":", linewidth=1)
+        ax.annotate("unigram level", (ax.get_xlim()[0], unigram), fontsize=8, color="gray",
+                    xytext=(4, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final val bits per byte (seed 0; x: diverged, at the loss at init)")
+    ax.set_title("final val bpb vs learning rate (bars: ± std over seeds at the best lr)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    plt.close(fig)
+
+
 def bpb_curve(variant: Variant) -> tuple[list[int], list[float], list[float], list[float]]:
     """tokens, and the mean, min and max val bpb over the variant's runs that evaluated at those tokens."""
     by_tokens: dict[int, list[float]] = {}
@@ -241,10 +377,70 @@ def plot(variants: list[Variant], path: Path) -> None:
     plt.close(fig)
 
 
+def lr_curve_table(lines: list[LRLine]) -> str:
+    """Every line's final val bpb (seed 0) at every learning rate tried: the numbers behind the LR plot."""
+    lrs = sorted({lr for line in lines for lr in line.curve})
+    rows = ["| variant | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---|" + "---:|" * len(lrs)]
+    for line in lines:
+        cells = ["diverged" if lr in line.diverged else f"{line.curve[lr]:.4f}" if lr in line.curve else ""
+                 for lr in lrs]
+        rows.append(f"| {line.name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, args) -> None:
+    lines, grid, init = sweep
+    baseline = next((line for line in lines if line.name == baseline_name), None)
+    lines.sort(key=lambda line: line is not baseline)
+    unigram = next((r.summary["unigram_val_bpb"] for r in runs if "unigram_val_bpb" in r.summary), None)
+    print(lr_table(lines, baseline, unigram, margin))
+    print(f"\nLR sensitivity: over the {len(grid)} learning rates every variant has ({', '.join(f'{lr:g}' for lr in grid)}), "
+          f"with the loss at initialisation {init:.4f} bpb (ln vocab_size) for a diverged run or one worse than that.")
+    if unigram is not None:
+        print(f"Trains: final val bpb below the unigram level {unigram:.4f} - {margin:g} = {unigram - margin:.4f} (seed 0).")
+    print("\nFinal val bpb (seed 0) at each learning rate:\n\n" + lr_curve_table(lines))
+    if baseline is None:
+        print(f"\nno variant named {baseline_name!r}, so no differences: pass --baseline with one of "
+              f"{', '.join(repr(line.name) for line in lines)}")
+    if args.plot:
+        plot([line.best for line in lines if line.best.runs], args.plot)
+        print(f"\nplot (each variant at its best lr): {args.plot}")
+    if args.lr_plot:
+        lr_plot(lines, init, unigram, args.lr_plot)
+        print(f"plot (final val bpb vs learning rate): {args.lr_plot}")
+    if args.json:
+        trains = {line.name: largest_lr_that_trains(line, unigram - margin) if unigram is not None else None
+                  for line in lines}
+        write_json(args.json, {"grid": grid, "init_bpb": init, "unigram_val_bpb": unigram, "trains_margin": margin,
+                               "variants": {line.name: {
+                                   "best_lr": line.best_lr, "lr_sensitivity": line.sensitivity,
+                                   "largest_lr_that_trains": trains[line.name],
+                                   "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
+                                   "diverged": sorted(line.diverged),
+                                   "best_lr_val_bpb": line.best.final("val_bpb")} for line in lines}})
+        print(f"numbers: {args.json}")
+
+
+def report_comparison(variants: list[Variant], baseline_name: str, args) -> None:
+    baseline = next((v for v in variants if v.name == baseline_name), None)
+    variants.sort(key=lambda v: v is not baseline)  # the baseline row first, the rest as found
+    print(markdown_table(variants, baseline))
+    if baseline is None:
+        print(f"\nno variant named {baseline_name!r}, so no differences: pass --baseline with one of "
+              f"{', '.join(repr(v.name) for v in variants)}")
+    if args.plot:
+        plot(variants, args.plot)
+        print(f"\nplot: {args.plot}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs or folders above them (a multirun dir)")
     parser.add_argument("--plot", type=Path, help="write val bpb vs tokens to this PNG")
+    parser.add_argument("--lr-plot", type=Path, help="a learning-rate sweep: final val bpb vs lr to this PNG")
+    parser.add_argument("--json", type=Path, help="a learning-rate sweep: its numbers to this JSON file")
+    parser.add_argument("--trains-margin", type=float, default=0.1,
+                        help="a run trains when its final val bpb is this far below the unigram level")
     parser.add_argument("--baseline", default="baseline", help="the variant the others are compared with")
     args = parser.parse_args(argv)
 
@@ -255,22 +451,21 @@ def main(argv=None) -> None:
             print(f"error: DIR {root}: no run there (a run dir holds metrics.jsonl or config.yaml)", file=sys.stderr)
             sys.exit(2)
         run_dirs += found
-    variants = group_runs([load_run(d) for d in dict.fromkeys(run_dirs)])
-    baseline = next((v for v in variants if v.name == args.baseline), None)
-    variants.sort(key=lambda v: v is not baseline)  # the baseline row first, the rest as found
-
-    print(markdown_table(variants, baseline))
-    if baseline is None:
-        print(f"\nno variant named {args.baseline!r}, so no differences: pass --baseline with one of "
-              f"{', '.join(repr(v.name) for v in variants)}")
-    incomplete = [r for v in variants for r in v.runs if r.problem]
+    runs = [load_run(d) for d in dict.fromkeys(run_dirs)]
+    sweep = lr_sweep_lines(group_runs(runs, SEED + LEARNING_RATE))
+    if sweep is None and (args.lr_plot or args.json):
+        print(f"error: --lr-plot/--json need a learning-rate sweep, but no variant in {' '.join(map(str, args.dirs))} "
+              f"has runs at more than one train.lr", file=sys.stderr)
+        sys.exit(2)
+    if sweep is None:
+        report_comparison(group_runs(runs), args.baseline, args)
+    else:
+        report_lr_sweep(runs, sweep, args.baseline, args.trains_margin, args)
+    incomplete = [r for r in runs if r.problem]
     if incomplete:
         print("\nincomplete runs, left out of the means:")
         for run in incomplete:
             print(f"- {run.path}: {run.problem}")
-    if args.plot:
-        plot(variants, args.plot)
-        print(f"\nplot: {args.plot}")
 
 
 if __name__ == "__main__":

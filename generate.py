@@ -45,6 +45,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="torch.compile the decode step: 15-21 s at the first step, pays off on long generations")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
+        bad = args.prompt[e.start].encode("utf-8", "surrogateescape")
+        raise UsageError(f"--prompt is not UTF-8 text: byte 0x{bad.hex()} at character {e.start}") from None
     if args.compile and args.no_kv_cache:
         raise UsageError("--compile compiles the cached decode step; it does nothing with --no-kv-cache")
     try:

@@ -12,11 +12,12 @@ line); 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint. In a multiru
 ends the sweep.
 """
 import math
+import os
 import signal
 import sys
 import time
 import uuid
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
 import hydra
@@ -32,10 +33,12 @@ from model.checkpoint import CheckpointError
 from model.config import ConfigError
 from model.engine import Engine
 from model.transformer import Transformer
-from training.config import autocast_for, check_train_config, model_config, resolve_device
+from training.config import autocast_for, check_command_line, check_train_config, model_config, resolve_device
 from training.distributed import agree_on_step, master_first, setup_distributed, teardown_distributed, world_size
-from training.evaluate import evaluate, next_token_loss
+from training.diagnostics import layer_stats
+from training.evaluate import evaluate, next_token_loss, unigram_bpb
 from training.optim import lr_at, make_optimizer
+from training.run_lock import run_dir_lock
 from training.signals import StopRequest
 from training.state import (Progress, checkpoint_to_resume, resume_training, save_training_checkpoint,
                             step_generator)
@@ -45,9 +48,14 @@ from training.tracking import Tracker, default_run_name, wandb_mode
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
-        exit_code = train(cfg)
+        with ExitStack() as held:  # what the run holds until it ends: the run dir's lock, the progress bar
+            exit_code = train(cfg, held)
     except (ConfigError, DataError, CheckpointError) as e:
         print(f"error: {e}", file=sys.stderr)
+        exit_code = 2
+    except OSError as e:  # a full disk, a read-only or forbidden path: the previous checkpoint is intact
+        print(f"error: cannot write {e.filename or HydraConfig.get().runtime.output_dir}: {e.strerror or e}",
+              file=sys.stderr)
         exit_code = 2
     # In a multirun, a run that diverged or was misconfigured is recorded (its summary.json says why)
     # and the sweep goes on; a signal stops the sweep too. No sys.exit(0): it would end a multirun.
@@ -55,7 +63,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(exit_code)
 
 
-def train(cfg: DictConfig) -> int:
+def train(cfg: DictConfig, held: ExitStack) -> int:
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     tcfg = cfg.train
@@ -65,6 +73,10 @@ def train(cfg: DictConfig) -> int:
     accum_steps = check_train_config(tcfg, world_size())
     device = resolve_device(tcfg.device)
     tracking_mode = wandb_mode(cfg.wandb.mode)
+
+    # -------- the run dir is this run's alone from here on (DDP's other ranks write nothing of their own there)
+    if int(os.environ.get("RANK", 0)) == 0:
+        held.enter_context(run_dir_lock(run_dir))
     resume_from = checkpoint_to_resume(run_dir, tcfg.resume)
     T = model_cfg.context_length
 
@@ -93,7 +105,9 @@ def train(cfg: DictConfig) -> int:
         tracker = Tracker(run_dir, cfg, tracking_mode, name, group, progress.wandb_id,
                           summary={"num_params": raw_model.num_params(),
                                    "kv_cache_bytes_per_token": raw_model.kv_cache_bytes_per_token(),
-                                   "vocab_size": model_cfg.vocab_size, "name": name},
+                                   "vocab_size": model_cfg.vocab_size, "name": name,
+                                   "unigram_val_bpb": unigram_bpb(data.train, data.val, model_cfg.vocab_size,
+                                                                  data.bytes_per_token["val"])},
                           resume_step=last_saved_step)
         val_batches = eval_batches(data.val, tcfg.micro_batch_size, T, tcfg.eval_batches, ddp.device)
         engine = Engine(raw_model, data.tokenizer)
@@ -108,7 +122,9 @@ def train(cfg: DictConfig) -> int:
     session_tokens, session_s = 0, 0.0  # this process's training, for the mean tokens/s in summary.json
     window_tokens, window_s = 0, 0.0  # since the last logged step, for tokens_per_s in metrics.jsonl
     elapsed_before, clock = progress.elapsed_s, time.perf_counter()
-    bar = tqdm(total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step", desc=name)
+    # closed with the run however it ends, so that an `error:` line printed after it stays the last line
+    bar = held.enter_context(tqdm(total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step",
+                                  desc=name))
     while progress.step < tcfg.max_steps:
         step_start = time.perf_counter()
         lr = lr_at(progress.step, tcfg)
@@ -164,6 +180,8 @@ def train(cfg: DictConfig) -> int:
         val = {}
         if progress.step % tcfg.eval_interval == 0 or last:
             val = evaluate(raw_model, val_batches, autocast, data.bytes_per_token["val"])
+            if tcfg.diagnostics:  # per-layer stats on the first val batch (training/diagnostics.py)
+                val |= layer_stats(raw_model, *val_batches[0])
             progress.last_val = val
             progress.best_val_loss = min(val["val_loss"], progress.best_val_loss or math.inf)
             tqdm.write(f"step {progress.step}: val loss {val['val_loss']:.4f} | bpb {val['val_bpb']:.4f} | "
@@ -185,7 +203,6 @@ def train(cfg: DictConfig) -> int:
             tqdm.write(f"{stop_reason}: stopped after step {progress.step} and saved {run_dir / 'ckpt'}; continue with "
                        f"python train.py hydra.run.dir={run_dir} train.resume=true", file=sys.stderr)
             break
-    bar.close()
 
     if ddp.master:
         # the final metrics: the last logged line, the latest eval, and this session's mean tokens/s
@@ -197,4 +214,5 @@ def train(cfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     main()

@@ -8,6 +8,20 @@ def atomic_write(path: Path, write) -> None:
     """write(f) fills a temporary file beside `path` (opened "wb"), which then replaces `path` in one rename."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        write(f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a kill signal's exception: no half-written temporary left behind
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """path.write_bytes(data), with the path in the OSError of a failed write (a full disk's error names no file)."""
+    try:
+        Path(path).write_bytes(data)
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror, str(path)) from None

@@ -33,7 +33,8 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k rotated when the model uses RoPE."""
         B, T, _ = x.shape
         H, H_kv = self.n_heads, self.n_kv_heads
         # [B, T, (H + 2 H_kv) D] -> [B, H + 2 H_kv, T, D]: the q, k and v heads side by side
@@ -42,6 +43,11 @@ class Attention(nn.Module):
         if self.rotary is not None:
             qk = self.rotary(qk, start)  # q and k heads in one call: the same rotation per position
         q, k = qk.split([H, H_kv], dim=1)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.heads(x, start)
         if cache is not None:
             k, v = cache.update(self.layer, start, k, v)
         y = F.scaled_dot_product_attention(

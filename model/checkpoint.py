@@ -1,9 +1,15 @@
 """A checkpoint directory: everything needed to rebuild the model and its tokenizer.
 
-    ckpt/config.json         {"format_version": 1, "model": {ModelConfig fields}}
+    ckpt/config.json         {"format_version": 2, "model": {ModelConfig fields}, "sha256": {file: digest}}
     ckpt/model.safetensors   the state dict (a tied LM head is stored once, as tok_emb.weight)
     ckpt/tokenizer.model     the SentencePiece model the run trained
     ckpt/<extra files>       e.g. train_state.pt, written by training for resume
+
+config.json is written last and holds the sha256 of every other file, so every load proves the
+directory is the one that was saved: a flipped byte anywhere is refused, not generated from. A load
+also checks the parts against each other before building anything (each tensor's shape against the
+config, the tokenizer's size against model.vocab_size) and refuses non-finite weights, which are
+never saved either. Each refusal is a CheckpointError naming the file and both values.
 
 load_checkpoint also reads a transformers LLaMA directory (config.json with model_type "llama",
 model.safetensors or its shards, tokenizer.model), through model/hf_interop.py.
@@ -13,6 +19,7 @@ moment leaves either the previous checkpoint or the new one, never a mix.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from contextlib import contextmanager
@@ -20,13 +27,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save
 
+from data.files import write_bytes
 from model.config import ConfigError, ModelConfig
 from model.hf_interop import InteropError, check_vocab, load_hf_state_dict, model_config_from_hf, read_hf_weights
 from model.transformer import Transformer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class CheckpointError(RuntimeError):
@@ -65,20 +73,59 @@ def atomic_dir(final_dir: str | Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    return [name for name, t in state.items() if t.is_floating_point() and not t.isfinite().all()]
+
+
 def save_checkpoint(ckpt_dir: str | Path, model: Transformer, tokenizer_file: str | Path,
                     write_extra: Callable[[Path], None] | None = None) -> Path:
-    """Write atomically to ckpt_dir; write_extra(tmp_dir) may add files (e.g. training state)."""
+    """Write atomically to ckpt_dir; write_extra(tmp_dir) may add files (e.g. training state).
+    Files are written from bytes in memory, so a full disk is an OSError naming the file."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if model.cfg.tie_embeddings:
         state.pop("lm_head.weight")
+    if bad := non_finite(state):
+        raise CheckpointError(f"not saving {ckpt_dir}: the model has non-finite weights in {', '.join(bad[:3])}")
     with atomic_dir(ckpt_dir) as tmp:
-        save_file(state, tmp / "model.safetensors")
-        shutil.copyfile(tokenizer_file, tmp / "tokenizer.model")
+        write_bytes(tmp / "model.safetensors", save(state))
+        write_bytes(tmp / "tokenizer.model", Path(tokenizer_file).read_bytes())
         if write_extra is not None:
             write_extra(tmp)
-        (tmp / "config.json").write_text(json.dumps({"format_version": FORMAT_VERSION,
-                                                     "model": model.cfg.to_dict()}, indent=2))
+        digests = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
+        write_bytes(tmp / "config.json", json.dumps({"format_version": FORMAT_VERSION, "model": model.cfg.to_dict(),
+                                                     "sha256": digests}, indent=2).encode())
     return Path(ckpt_dir)
+
+
+def verify_files(ckpt_dir: Path, digests) -> None:
+    if not isinstance(digests, dict) or not {"model.safetensors", "tokenizer.model"} <= digests.keys():
+        raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: no sha256 of its files")
+    for name, digest in digests.items():
+        path = ckpt_dir / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint {ckpt_dir} is missing {name}, which its config.json lists")
+        if sha256(path) != digest:
+            raise CheckpointError(f"checkpoint file {path} does not match the sha256 in its config.json: "
+                                  f"it changed or was corrupted after it was saved")
+
+
+def check_shapes(ckpt_dir: Path, model: Transformer, state: dict[str, torch.Tensor]) -> None:
+    expected = model.state_dict()
+    missing, unexpected = sorted(expected.keys() - state.keys()), sorted(state.keys() - expected.keys())
+    if missing or unexpected:
+        raise CheckpointError(f"weights in {ckpt_dir} do not match its config: "
+                              f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for name, want in expected.items():  # in the model's order: the embedding first
+        if state[name].shape != want.shape:
+            sizes = ", ".join(f"{k}={getattr(model.cfg, k)}" for k in ("vocab_size", "d_model", "n_layers", "n_heads",
+                                                                        "n_kv_heads", "ffn"))
+            raise CheckpointError(f"{ckpt_dir}: {name} is {list(state[name].shape)} in model.safetensors but "
+                                  f"{list(want.shape)} for the model its config.json describes ({sizes})")
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
@@ -95,23 +142,26 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     if version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {ckpt_dir} has format_version={version!r}; "
                               f"this nanollama reads format_version={FORMAT_VERSION}")
+    verify_files(ckpt_dir, meta.get("sha256"))
     try:
         cfg = ModelConfig.from_dict(meta["model"])
     except (KeyError, TypeError, ConfigError) as e:
         raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
-    model = Transformer(cfg)
     try:
-        state = load_file(ckpt_dir / "model.safetensors", device=str(device))
+        check_vocab(cfg, ckpt_dir / "tokenizer.model")
+    except InteropError as e:
+        raise CheckpointError(f"checkpoint {ckpt_dir}: {e}") from None
+    try:
+        state = load((ckpt_dir / "model.safetensors").read_bytes())
     except Exception as e:  # safetensors raises its own error types for truncated or foreign files
         raise CheckpointError(f"corrupt weights {ckpt_dir / 'model.safetensors'}: {e}") from None
-    if cfg.tie_embeddings:
+    if bad := non_finite(state):
+        raise CheckpointError(f"checkpoint {ckpt_dir} has non-finite weights in {', '.join(bad[:3])}")
+    model = Transformer(cfg)
+    if cfg.tie_embeddings and "tok_emb.weight" in state:
         state["lm_head.weight"] = state["tok_emb.weight"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"weights in {ckpt_dir} do not match its config: "
-                              f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-    if not (ckpt_dir / "tokenizer.model").is_file():
-        raise CheckpointError(f"checkpoint {ckpt_dir} has no tokenizer.model")
+    check_shapes(ckpt_dir, model, state)
+    model.load_state_dict(state)
     return model.to(device).eval(), ckpt_dir
 
 

@@ -68,10 +68,19 @@ class ModelConfig:
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
-        if self.rope_base <= 0 or self.norm_eps <= 0:
-            raise ConfigError(f"model.rope_base={self.rope_base} and model.norm_eps={self.norm_eps} must be positive")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError(f"model.dropout={self.dropout} must be in [0, 1)")
+        if self.context_length < 2:
+            raise ConfigError(f"model.context_length={self.context_length} must be >= 2: a window of one token "
+                              f"has no next token to predict inside it")
+        for key in ("rope_base", "norm_eps"):
+            value = getattr(self, key)
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+                raise ConfigError(f"model.{key}={value!r} must be a positive number")
+        if not (isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
+                and 0 <= self.dropout < 1):
+            raise ConfigError(f"model.dropout={self.dropout!r} must be a number in [0, 1)")
+        for key in ("bias", "tie_embeddings"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,4 +1,6 @@
-"""Shared by the data tests: the real configs/data/*.yaml, composed by Hydra, as plain dicts."""
+"""Shared by the data and training tests: the real configs/data/*.yaml, composed by Hydra, as plain
+dicts, and a small corpus to train on."""
+import random
 from pathlib import Path
 
 import numpy as np
@@ -23,3 +25,16 @@ def documents(stream, tokenizer) -> list[str]:
     ends = np.flatnonzero(stream == tokenizer.eos_id)
     assert len(starts) == len(ends) and starts[0] == 0 and ends[-1] == len(stream) - 1
     return [tokenizer.decode(stream[s + 1 : e]) for s, e in zip(starts, ends)]
+
+
+def write_corpus(path: Path) -> Path:
+    """A small play-shaped text with enough regularity for the loss to fall within a few steps."""
+    rng = random.Random(0)
+    words = "the a my good sweet lord lady king night day love heart hand speak come go see know".split()
+    speeches = []
+    for _ in range(300):
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 8))).capitalize() + ","
+                 for _ in range(rng.randint(1, 3))]
+        speeches.append(rng.choice(["ANNA", "BORIS", "CLARA"]) + "\n" + "\n".join(lines) + "\n")
+    path.write_text("\n".join(speeches))
+    return path

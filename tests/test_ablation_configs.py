@@ -1,9 +1,11 @@
-"""The ablation sweeps compose, point by point, without training: every (variant, seed) that
-hydra.sweeper.params lists in configs/experiment/{ablation,warmup_probe}.yaml builds a model and
-differs from the baseline in exactly the switches it is named for, and in nothing else."""
+"""The ablation sweep composes, point by point, without training: every (variant, seed) that
+hydra.sweeper.params lists in configs/experiment/ablation.yaml builds a model and differs from the
+baseline in exactly the switches it is named for and in its own learning rate, which is the one the
+learning-rate study chose (docs/ablation_lr.json, written by compare.py from `python sweep.py`)."""
 import copy
 import functools
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -63,7 +65,7 @@ def without_name(config: dict) -> dict:
 
 
 ABLATION = sweep_points("ablation")
-PROBE = sweep_points("warmup_probe")
+STUDY = json.loads((CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["variants"]
 
 
 def test_the_ablation_sweeps_every_variant_over_three_seeds():
@@ -84,7 +86,7 @@ def test_each_sweep_point_differs_from_the_baseline_in_its_switch_only(point):
     assert changed == SWITCHES[variant]
     expected = without_name(baseline)
     expected["model"] |= SWITCHES[variant]
-    expected["train"]["seed"] = seed
+    expected["train"] |= {"seed": seed, "lr": config["train"]["lr"], "min_lr": config["train"]["lr"] / 10}
     assert without_name(config) == expected  # same data, budget, schedule, width, wandb group
 
     assert config["variant"] == variant
@@ -100,20 +102,24 @@ def test_seeds_of_a_variant_are_one_group_for_compare_and_variants_are_not():
     for point in ABLATION:
         config, _ = compose_run("+experiment=ablation", *point)
         run = compare.Run(Path("/".join(point)), config, [], {}, None)
-        keys.setdefault(compare.variant_key(run), set()).add(config["variant"])
+        keys.setdefault(compare.variant_key(run, compare.SEED), set()).add(config["variant"])
     assert sorted(len(variants) for variants in keys.values()) == [1] * len(SWITCHES)
 
 
-def test_the_warmup_probe_is_the_ablation_with_no_warmup():
-    assert PROBE == [["ablation=baseline", "train.seed=0"], ["ablation=postnorm", "train.seed=0"]]
-    for point in PROBE:
-        probe, sweep = compose_run("+experiment=warmup_probe", *point)
-        ablation, _ = compose_run("+experiment=ablation", *point)
-        assert ablation["train"]["warmup_steps"] > 0
-        variant = point[0].split("=")[1]
-        assert probe["variant"] == f"{variant}-nowarmup"
-        assert probe["wandb"]["name"] == f"ablation-{variant}-nowarmup-seed0"
-        assert sweep["dir"].startswith("multirun/warmup_probe/") and sweep["subdir"] == f"{variant}-nowarmup/seed0"
-        expected = without_name(ablation)
-        expected["train"]["warmup_steps"] = 0
-        assert without_name(probe) == expected
+@pytest.mark.parametrize("variant", SWITCHES)
+def test_each_variant_trains_at_the_learning_rate_the_study_chose_for_it(variant):
+    config, _ = compose_run("+experiment=ablation", f"ablation={variant}")
+    assert config["train"]["lr"] == pytest.approx(STUDY[variant]["best_lr"])
+    assert config["train"]["min_lr"] == pytest.approx(STUDY[variant]["best_lr"] / 10)
+    finals = STUDY[variant]["final_bpb_seed0"]
+    assert finals[f"{config['train']['lr']:g}"] == min(finals.values())
+
+
+def test_post_norm_trains_at_its_own_learning_rate_not_the_baselines():
+    """The fix for Post-Norm's unigram plateau: its own learning rate. At the baseline's (the old shared one,
+    4e-3 here and 5e-3 before) the study's Post-Norm run ends on the unigram level; at its own it leaves it."""
+    config, _ = compose_run("+experiment=ablation", "ablation=postnorm")
+    finals, level = STUDY["postnorm"]["final_bpb_seed0"], json.loads(
+        (CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["unigram_val_bpb"]
+    assert finals[f"{config['train']['lr']:g}"] < level - 0.1
+    assert finals[f"{STUDY['baseline']['best_lr']:g}"] > level - 0.01

@@ -73,3 +73,18 @@ def test_quick_run_writes_every_figure(tmp_path):
 def test_bad_flags_stop_before_measuring(argv, message, capsys):
     assert bench.main(argv) == 2
     assert capsys.readouterr().err.strip() == message
+
+
+def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
+    out = tmp_path / "speed.json"
+    proc = subprocess.run([sys.executable, "bench.py", "--ablation", "--threads", "1", "--repeats", "1",
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    speeds = json.loads(out.read_text())
+    assert list(speeds) == ["baseline", "layernorm", "postnorm", "sinusoidal", "mha", "relu", "transformer2017"]
+    assert speeds["baseline"]["vs_baseline"] == 1.0
+    for variant, r in speeds.items():
+        low, high = r["tokens_per_s_range"]
+        assert 0 < low <= r["tokens_per_s"] <= high, variant
+        assert r["vs_baseline"] == pytest.approx(r["tokens_per_s"] / speeds["baseline"]["tokens_per_s"])
+        assert f"| {variant} | {r['tokens_per_s']:,.0f} |" in proc.stdout

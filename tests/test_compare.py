@@ -155,3 +155,54 @@ def test_a_dir_without_runs_is_a_one_line_error(tmp_path, capsys, make_dir):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: DIR ") and err.count("\n") == 1
+
+
+def write_lr_run(run_dir, variant, lr, final_bpb, diverged=False):
+    """A run of a learning-rate sweep: write_run's layout at train.lr=lr; a diverged one stops at step 3
+    with no eval after its first (as train.py leaves it) and summary.json saying so."""
+    write_run(run_dir, variant, 0, final_bpb, steps=3 if diverged else MAX_STEPS,
+              stop_reason="diverged at step 3" if diverged else "completed")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["train"] |= {"lr": lr, "min_lr": lr / 10}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = json.loads((run_dir / "summary.json").read_text()) | {"unigram_val_bpb": 2.6}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_lr_sensitivity_best_lr_and_largest_trained_lr_against_a_hand_computation(tmp_path, capsys):
+    # write_run: vocab 64 and val_loss = 2 * val_bpb, so the loss at initialisation is ln(64) / 2 = 2.0794 bpb
+    finals = {"baseline": {1e-3: 2.00, 2e-3: 1.80, 4e-3: None},  # None: diverged, counts at 2.0794
+              "postnorm": {1e-3: 2.50, 2e-3: 1.90, 4e-3: 1.95}}   # 2.50 is worse than init: capped at 2.0794
+    for variant, curve in finals.items():
+        for lr, bpb in curve.items():
+            write_lr_run(tmp_path / variant / f"lr{lr}", variant, lr, bpb or 9.0, diverged=bpb is None)
+    for seed, bpb in ((1, 1.84), (2, 1.82)):  # two more seeds at the baseline's best lr
+        write_lr_run(tmp_path / "baseline" / "lr0.002" / f"seed{seed}", "baseline", 2e-3, bpb)
+        config = yaml.safe_load((tmp_path / "baseline" / "lr0.002" / f"seed{seed}" / "config.yaml").read_text())
+        config["train"]["seed"] = seed
+        (tmp_path / "baseline" / "lr0.002" / f"seed{seed}" / "config.yaml").write_text(yaml.safe_dump(config))
+
+    compare.main([str(tmp_path), "--lr-plot", str(tmp_path / "lr.png"), "--json", str(tmp_path / "lr.json")])
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    init = math.log(64) / 2
+    assert rows["baseline"][1] == "0.002" and rows["postnorm"][1] == "0.002"
+    assert float(rows["baseline"][2]) == pytest.approx((2.00 + 1.80 + init) / 3 - 1.80, abs=1e-4)  # 0.1598
+    assert float(rows["postnorm"][2]) == pytest.approx((init + 1.90 + 1.95) / 3 - 1.90, abs=1e-4)  # 0.0431
+    assert rows["baseline"][3] == "3" and mean_pm_std(rows["baseline"][4]) == pytest.approx(
+        (np.mean([1.80, 1.84, 1.82]), np.std([1.80, 1.84, 1.82], ddof=1)), abs=1e-4)
+    assert float(rows["postnorm"][5]) == pytest.approx(1.90 - 1.82, abs=1e-4) and rows["postnorm"][6] == "n/a"
+    # trains: below the unigram level 2.6 - 0.1 = 2.5; baseline's 4e-3 diverged, postnorm's 4e-3 is 1.95
+    assert rows["baseline"][7] == "0.002" and rows["postnorm"][7] == "0.004"
+    assert "| baseline | 2.0000 | 1.8000 | diverged |" in out
+    numbers = json.loads((tmp_path / "lr.json").read_text())
+    assert numbers["init_bpb"] == pytest.approx(init) and numbers["variants"]["baseline"]["diverged"] == [4e-3]
+    assert imread(tmp_path / "lr.png").shape[1] > 600
+
+
+def test_lr_outputs_without_a_learning_rate_sweep_are_a_one_line_error(sweep, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(sweep), "--lr-plot", str(tmp_path / "lr.png")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --lr-plot/--json need a learning-rate sweep") and err.count("\n") == 1

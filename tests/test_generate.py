@@ -337,9 +337,9 @@ def corrupt(run_dir: Path, tmp_path: Path, file: str, content: bytes) -> Path:
     (None, None, "error: no checkpoint at"),
     ("config.json", b"{not json", "error: corrupt checkpoint config"),
     ("config.json", json.dumps({"format_version": 99, "model": {}}).encode(),
-     "has format_version=99; this nanollama reads format_version=1"),
-    ("model.safetensors", b"\x00" * 20, "error: corrupt weights"),
-    ("tokenizer.model", b"garbage", "error: corrupt tokenizer"),
+     "has format_version=99; this nanollama reads format_version=2"),
+    ("model.safetensors", b"\x00" * 20, "model.safetensors does not match the sha256 in its config.json"),
+    ("tokenizer.model", b"garbage", "tokenizer.model does not match the sha256 in its config.json"),
 ])
 def test_bad_checkpoints_get_one_line_and_exit_2(run_dir, tmp_path, capsys, file, content, message):
     path = tmp_path / "missing" if file is None else corrupt(run_dir, tmp_path, file, content)

@@ -5,7 +5,6 @@ Each run is a subprocess (~4 s of imports), so the module shares runs through fi
 import json
 import math
 import os
-import random
 import re
 import signal
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from data_helpers import write_corpus
 from model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,19 +24,6 @@ MAX_STEPS = 8
 BATCH, CONTEXT = 8, 32
 # Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
-def write_corpus(path: Path) -> Path:
-    """A small play-shaped text with enough regularity for the loss to fall within a few steps."""
-    rng = random.Random(0)
-    words = "the a my good sweet lord lady king night day love heart hand speak come go see know".split()
-    speeches = []
-    for _ in range(300):
-        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 8))).capitalize() + ","
-                 for _ in range(rng.randint(1, 3))]
-        speeches.append(rng.choice(["ANNA", "BORIS", "CLARA"]) + "\n" + "\n".join(lines) + "\n")
-    path.write_text("\n".join(speeches))
-    return path
 
 
 @pytest.fixture(scope="module")

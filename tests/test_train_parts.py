@@ -64,7 +64,7 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     ({"batch_size": 12, "micro_batch_size": 4}, 2, "train.batch_size=12 must be a multiple of 2 processes x "
                                                    "train.micro_batch_size=4"),
     ({"max_steps": 0}, 1, "train.max_steps=0 must be a positive integer"),
-    ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be in [0, train.lr=0.01]"),
+    ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be a number in [0, train.lr=0.01]"),
     ({"warmup_steps": -1}, 1, "train.warmup_steps=-1 must be an integer >= 0"),
 ])
 def test_train_settings_checks(changes, world_size, message):

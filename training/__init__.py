@@ -7,5 +7,7 @@ state.py        resumable checkpoints (train_state.pt) and the per-step batch ge
 tracking.py     metrics.jsonl, summary.json and W&B, fed the same numbers
 distributed.py  torchrun/DDP set-up and the per-step agreement between processes
 signals.py      SIGINT/SIGTERM: stop after the current step, checkpoint, exit 130/143
+run_lock.py     one writer per run dir: an fcntl lock the OS releases when the process dies
+diagnostics.py  train.diagnostics=true: per-layer stream/branch rms, position cosine, attention entropy, grad norms
 grad_flow.py    `python -m training.grad_flow`: gradient norm reaching the first block vs the last, at init
 """

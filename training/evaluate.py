@@ -9,6 +9,7 @@ loss per token but not the cost per byte, so bpb compares runs across vocab size
 import math
 from contextlib import AbstractContextManager
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,3 +30,11 @@ def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
     model.train()
     val_ppl = math.exp(val_loss) if val_loss < 700 else math.inf  # exp(710) overflows a float
     return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2) / bytes_per_token, "val_ppl": val_ppl}
+
+
+def unigram_bpb(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int, bytes_per_token: float) -> float:
+    """The val bpb of the unigram solution: each val token predicted by its add-one smoothed frequency
+    in the train split, whatever came before it. A model stuck near it has learnt no use of context."""
+    counts = np.bincount(train_tokens, minlength=vocab_size)[:vocab_size] + 1.0
+    nats = -np.log(counts[val_tokens] / counts.sum()).mean()
+    return float(nats / math.log(2) / bytes_per_token)

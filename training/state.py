@@ -8,12 +8,14 @@ from a generator seeded by (train.seed, rank, step) (step_generator below), so t
 the scheduler state and the data position. The torch RNG states cover dropout. Everything in the file is
 tensors and plain Python values, read back with torch.load(weights_only=True): no pickle.
 """
+import io
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from data.files import write_bytes
 from model.checkpoint import CheckpointError, load_checkpoint, resolve_ckpt_dir, save_checkpoint
 from model.config import ConfigError
 from model.transformer import Transformer
@@ -52,7 +54,10 @@ def save_training_checkpoint(ckpt_dir: Path, model: Transformer, tokenizer_file:
     state = {"progress": asdict(progress), "optimizer": optimizer.state_dict(),
              "rng": {"torch": torch.get_rng_state(),
                      "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}}
-    save_checkpoint(ckpt_dir, model, tokenizer_file, write_extra=lambda tmp: torch.save(state, tmp / STATE_FILE))
+    buffer = io.BytesIO()
+    torch.save(state, buffer)  # to memory first: torch's own file writer turns a full disk into a RuntimeError
+    save_checkpoint(ckpt_dir, model, tokenizer_file,
+                    write_extra=lambda tmp: write_bytes(tmp / STATE_FILE, buffer.getbuffer()))
 
 
 def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
@@ -74,11 +79,28 @@ def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
-        return Progress(**state["progress"])
+        return progress_from(state["progress"])
     except FileNotFoundError:
         raise CheckpointError(f"cannot resume {ckpt_dir}: it has no {STATE_FILE} (weights only)") from None
     except Exception as e:  # a truncated file, or one from another version of this code
         raise CheckpointError(f"cannot resume {ckpt_dir}: unreadable {STATE_FILE}: {e}") from None
+
+
+PROGRESS_TYPES = {"step": (int, "an integer"), "tokens": (int, "an integer"), "elapsed_s": ((int, float), "a number"),
+                  "best_val_loss": ((int, float, type(None)), "a number or null"), "last_val": (dict, "a dict"),
+                  "wandb_id": (str, "a string")}
+
+
+def progress_from(values) -> Progress:
+    """train_state.pt's progress, each field of the type Progress keeps, or a CheckpointError naming it."""
+    if not isinstance(values, dict) or values.keys() != PROGRESS_TYPES.keys():
+        raise CheckpointError(f"the progress in {STATE_FILE} has fields "
+                              f"{sorted(values) if isinstance(values, dict) else values!r}, not {sorted(PROGRESS_TYPES)}")
+    for name, (kinds, description) in PROGRESS_TYPES.items():
+        if not isinstance(values[name], kinds) or isinstance(values[name], bool):
+            raise CheckpointError(f"the progress in {STATE_FILE} has {name}={values[name]!r} "
+                                  f"({type(values[name]).__name__}), which must be {description}")
+    return Progress(**values)
 
 
 def step_generator(seed: int, rank: int, step: int) -> torch.Generator:

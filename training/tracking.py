@@ -18,11 +18,10 @@ from urllib.parse import urlparse
 from omegaconf import DictConfig, OmegaConf
 
 from data.files import atomic_write
-
 from model.config import ConfigError
+from training.config import CONFIG_DIR
 
 WANDB_MODES = ("online", "offline", "disabled")
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
 def wandb_mode(setting: str | None) -> str:

@@ -1,0 +1,60 @@
+"""training/diagnostics.py: each statistic on inputs whose value is known by construction, and
+layer_stats on a real model leaves the model exactly as it found it."""
+import math
+
+import pytest
+import torch
+
+from model.config import ModelConfig
+from model.transformer import Transformer
+from training.diagnostics import attention_entropy, layer_stats, position_cosine
+
+
+def test_position_cosine_is_one_for_identical_positions_and_zero_for_orthogonal_ones():
+    same = torch.randn(2, 1, 16).expand(2, 5, 16)
+    assert position_cosine(same) == pytest.approx(1.0, abs=1e-6)
+    orthogonal = torch.eye(8).unsqueeze(0)  # position t is the t-th basis vector
+    assert position_cosine(orthogonal) == pytest.approx(0.0, abs=1e-7)
+    # two positions at 60 degrees: cos = 0.5 for the one pair (the self-similarities are left out)
+    pair = torch.tensor([[[1.0, 0.0], [0.5, math.sqrt(3) / 2]]])
+    assert position_cosine(pair) == pytest.approx(0.5, abs=1e-6)
+
+
+def test_attention_entropy_is_one_when_uniform_and_zero_when_on_one_key():
+    B, H, T, D = 1, 4, 6, 8
+    assert attention_entropy(torch.zeros(B, H, T, D), torch.randn(B, 2, T, D)) == pytest.approx(1.0, abs=1e-6)
+    # every query a huge multiple of key 0: softmax puts all of its weight there
+    k = torch.zeros(B, 1, T, D)
+    k[..., 0, 0] = 1.0
+    q = torch.zeros(B, H, T, D)
+    q[..., 0] = 1e4
+    assert attention_entropy(q, k) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_attention_entropy_of_two_equal_keys_among_three_visible():
+    # query t=2 sees keys 0, 1, 2 with scores (s, s, -inf-ish): entropy ln 2 of max ln 3; rows 1: (s, s) -> ln 2 / ln 2
+    k = torch.tensor([[[[1.0, 0.0], [1.0, 0.0], [-1.0, 0.0]]]])
+    q = torch.tensor([[[[0.0, 0.0], [1e4, 0.0], [1e4, 0.0]]]])
+    expected = (1.0 + math.log(2) / math.log(3)) / 2
+    assert attention_entropy(q, k) == pytest.approx(expected, abs=1e-6)
+
+
+def test_layer_stats_reports_every_layer_and_leaves_the_model_untouched():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, context_length=16,
+                      norm_position="post", dropout=0.1)
+    model = Transformer(cfg).train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = torch.randint(64, (2, 16)), torch.randint(64, (2, 16))
+    rng = torch.get_rng_state()
+    stats = layer_stats(model, x, y)
+    assert torch.equal(torch.get_rng_state(), rng)  # eval mode: no dropout mask was drawn
+    assert model.training and all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    names = ("stream_rms", "attn_ratio", "ffn_ratio", "position_cos", "attn_entropy", "grad_norm")
+    assert set(stats) == {f"diag/{n}/{i}" for n in names for i in range(3)}
+    for i in range(3):
+        assert stats[f"diag/stream_rms/{i}"] == pytest.approx(1.0, abs=1e-3)  # Post-Norm: each block ends in a norm
+        assert 0 < stats[f"diag/attn_entropy/{i}"] <= 1 and stats[f"diag/grad_norm/{i}"] > 0
+    # at initialisation attention is near uniform (q.k ~ 0) and positions carry different tokens
+    assert stats["diag/attn_entropy/0"] > 0.99 and abs(stats["diag/position_cos/0"]) < 0.2

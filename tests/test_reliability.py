@@ -1,0 +1,234 @@
+"""What a user sees when things go wrong, through the real entry points (train.py as a subprocess,
+generate.py and export.py through the main() their scripts run): one run per run dir, checkpoints that prove their
+integrity, parts of a checkpoint that disagree, a write that fails, mistyped settings, a prompt that
+is not UTF-8. Each case checks the exit code, that the last stderr line is one `error:` line naming
+the setting or file, and that the files that were there before are unchanged (sha256 before and after)."""
+import hashlib
+import io
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load, save
+
+import export
+import generate
+from data.tokenizer import train_tokenizer
+from data_helpers import write_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_THREADS = {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("reliability")
+
+
+@pytest.fixture(scope="module")
+def tiny(workdir) -> list[str]:
+    corpus = write_corpus(workdir / "corpus.txt")
+    return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={workdir / 'cache'}",
+            "data.num_proc=1", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.gqa_kv_heads=1",
+            "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.warmup_steps=2",
+            "train.eval_batches=2", "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4",
+            "train.sample_tokens=4", "wandb.mode=disabled"]
+
+
+def train(run_dir: Path, *overrides: str, preexec_fn=None, wait=True):
+    command = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, **ENV_THREADS}
+    if not wait:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+                          preexec_fn=preexec_fn)
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def last_error(stderr: str) -> str:
+    lines = stderr.strip().splitlines()
+    assert lines and "Traceback" not in stderr, stderr[-2000:]
+    assert lines[-1].startswith("error: "), lines[-1]
+    return lines[-1]
+
+
+@pytest.fixture(scope="module")
+def trained(workdir, tiny) -> Path:
+    run_dir = workdir / "trained"
+    done = train(run_dir, *tiny, "train.max_steps=4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return run_dir
+
+
+@pytest.fixture
+def copy(trained, tmp_path) -> Path:
+    """A private copy of the trained run dir, to damage."""
+    shutil.copytree(trained, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def rewrite(ckpt: Path, name: str, content: bytes) -> None:
+    """Replaces a checkpoint file and records its new sha256 in config.json: a checkpoint whose parts are
+    each intact but disagree (or hold NaNs), as a buggy writer could leave it."""
+    (ckpt / name).write_bytes(content)
+    meta = json.loads((ckpt / "config.json").read_text())
+    meta["sha256"][name] = hashlib.sha256(content).hexdigest()
+    (ckpt / "config.json").write_text(json.dumps(meta))
+
+
+def entry_points(run_dir: Path, tiny: list[str], tmp_path: Path, capsys):
+    """(name, exit code, stderr) of generate and export (their main(), as the scripts call it) and of a
+    resumed training (a subprocess) on run_dir."""
+    results = []
+    for name, main, argv in (("generate", generate.main, ["--ckpt", str(run_dir), "--max-new-tokens", "4"]),
+                             ("export", export.main, ["--ckpt", str(run_dir), "--out", str(tmp_path / "exported")])):
+        code = main(argv)
+        results.append((name, code, capsys.readouterr().err))
+    assert not (tmp_path / "exported").exists()
+    resumed = train(run_dir, *tiny, "train.max_steps=8", "train.resume=true")
+    results.append(("resume", resumed.returncode, resumed.stderr))
+    return results
+
+
+def damage_cases():
+    def flip_tensor_bytes(ckpt: Path):
+        data = bytearray((ckpt / "model.safetensors").read_bytes())
+        header = 8 + int.from_bytes(data[:8], "little")
+        for i in range(header + 100, header + 300):
+            data[i] ^= 0xFF
+        (ckpt / "model.safetensors").write_bytes(bytes(data))
+
+    def nan_weights(ckpt: Path):
+        state = load((ckpt / "model.safetensors").read_bytes())
+        state["tok_emb.weight"][3, 5] = float("nan")
+        rewrite(ckpt, "model.safetensors", save(state))
+
+    def other_size_config(ckpt: Path):
+        meta = json.loads((ckpt / "config.json").read_text())
+        meta["model"]["d_model"] = 64
+        (ckpt / "config.json").write_text(json.dumps(meta))
+
+    def other_vocab_tokenizer(ckpt: Path):
+        lines = [f"line {i} of other words entirely, {i * 7}" for i in range(300)]
+        other = train_tokenizer(lines, 320, ckpt.parent / "other.model")
+        rewrite(ckpt, "tokenizer.model", Path(other.model_file).read_bytes())
+
+    return [(flip_tensor_bytes, "model.safetensors does not match the sha256 in its config.json"),
+            (nan_weights, "non-finite weights in tok_emb.weight"),
+            (other_size_config, "tok_emb.weight is [300, 32] in model.safetensors but [300, 64]"),
+            (other_vocab_tokenizer, "vocab_size=300 but its tokenizer")]
+
+
+@pytest.mark.parametrize("damage, message", damage_cases(), ids=lambda c: getattr(c, "__name__", ""))
+def test_a_damaged_checkpoint_is_refused_by_every_load_and_left_as_it_is(copy, tiny, tmp_path, capsys, damage,
+                                                                        message):
+    ckpt = copy / "ckpt"
+    damage(ckpt)
+    before = hashes(ckpt)
+    for name, code, stderr in entry_points(copy, tiny, tmp_path, capsys):
+        assert code == 2, (name, stderr[-2000:])
+        line = last_error(stderr)
+        assert message in line and str(ckpt) in line, (name, line)
+    assert hashes(ckpt) == before  # resume did not save over it
+
+
+def test_saving_non_finite_weights_is_refused(trained, tmp_path):
+    from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+    model, ckpt = load_checkpoint(trained)
+    with torch.no_grad():
+        model.blocks[0].ffn.w_out.weight[0, 0] = float("inf")
+    with pytest.raises(CheckpointError, match="non-finite weights in blocks.0.ffn.w_out.weight"):
+        save_checkpoint(tmp_path / "ckpt", model, ckpt / "tokenizer.model")
+    assert not any(tmp_path.iterdir())
+
+
+def test_two_runs_on_one_run_dir(workdir, tiny):
+    run_dir = workdir / "shared"
+    first = train(run_dir, *tiny, "train.max_steps=100000", "train.log_interval=1", wait=False)
+    deadline = time.monotonic() + 120
+    while not (run_dir / "metrics.jsonl").exists():  # the first run holds the dir and has started writing
+        assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+        time.sleep(0.2)
+    second = train(run_dir, *tiny, "train.max_steps=40", "train.seed=1")
+    first.send_signal(signal.SIGTERM)
+    _, first_err = first.communicate(timeout=120)
+    assert second.returncode == 2
+    assert last_error(second.stderr) == (f"error: hydra.run.dir={run_dir} is in use by another training run "
+                                         f"(pid {first.pid}); wait for it to end or choose another hydra.run.dir")
+    assert first.returncode == 128 + signal.SIGTERM, first_err[-2000:]
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, len(steps) + 1))  # one run's lines, none of the second's
+    assert "seed: 0" in (run_dir / "config.yaml").read_text()
+
+
+def test_a_write_that_fails_is_one_line_and_keeps_the_previous_checkpoint(copy, tiny):
+    ckpt = copy / "ckpt"
+    before = hashes(ckpt)
+    limit = (ckpt / "model.safetensors").stat().st_size // 2
+
+    def small_files():  # files may not grow past `limit` bytes: the next checkpoint cannot be written
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead of a signal
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    done = train(copy, *tiny, "train.max_steps=8", "train.resume=true", preexec_fn=small_files)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert last_error(done.stderr) == f"error: cannot write {copy / 'ckpt.tmp' / 'model.safetensors'}: File too large"
+    assert hashes(ckpt) == before
+    assert not (copy / "ckpt.tmp").exists() and not list(copy.glob("*.tmp-*"))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr=abc", "train.lr='abc' must be a positive number"),
+    ("train.min_lr=abc", "train.min_lr='abc' must be a number in [0, train.lr="),
+    ("train.grad_clip=abc", "train.grad_clip='abc' must be a number >= 0"),
+    ("train.sample_temperature=abc", "train.sample_temperature='abc' must be a number >= 0"),
+    ("model.dropout=abc", "model.dropout='abc' must be a number in [0, 1)"),
+    ("model.rope_base=abc", "model.rope_base='abc' must be a positive number"),
+    ("train.seed=abc", "train.seed='abc' must be an integer >= 0"),
+    ("train.seed=-1", "train.seed=-1 must be an integer >= 0"),
+    ("train.betas=[2,3]", "train.betas=[2, 3] must be two numbers in [0, 1)"),
+    ("model.context_length=1", "model.context_length=1 must be >= 2"),
+    ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mqa"),
+])
+def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message):
+    run_dir = workdir / "mistyped"
+    fresh_cache = workdir / "cache-mistyped"
+    done = train(run_dir, *tiny, f"data.cache_dir={fresh_cache}", override)
+    assert done.returncode == 2
+    assert last_error(done.stderr).startswith(f"error: {message}")
+    assert not fresh_cache.exists()  # no data was read or tokenized
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line(trained, capsys):
+    code = generate.main(["--ckpt", str(trained), "--prompt", b"caf\xe9".decode("utf-8", "surrogateescape")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == "error: --prompt is not UTF-8 text: byte 0xe9 at character 3\n"
+
+
+def test_a_progress_field_of_the_wrong_type_is_refused(copy, tiny):
+    ckpt = copy / "ckpt"
+    state = torch.load(ckpt / "train_state.pt", weights_only=True)
+    state["progress"]["step"] = "4"
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    rewrite(ckpt, "train_state.pt", buffer.getvalue())
+    before = hashes(ckpt)
+    done = train(copy, *tiny, "train.max_steps=8", "train.resume=true")
+    assert done.returncode == 2
+    assert "train_state.pt has step='4' (str), which must be an integer" in last_error(done.stderr)
+    assert hashes(ckpt) == before

@@ -1,0 +1,81 @@
+"""Per-layer training dynamics, measured on one fixed batch: what a run looks like inside, logged
+next to val loss when train.diagnostics=true (metrics.jsonl and W&B, keys `diag/<stat>/<layer>`).
+
+For block l (0-based), with h_l the residual stream leaving it, x_l the stream entering it:
+    stream_rms      rms(h_l)
+    attn_ratio      rms(Attn output) / rms(x_l)     how loud the attention branch is next to the stream
+    ffn_ratio       rms(FFN output) / rms(x_l)      the same for the FFN branch
+    position_cos    mean over t != s of cos(h_l[t], h_l[s]) within a sequence: 1 when every position
+                    carries the same vector, i.e. the stream no longer says which token is where
+    attn_entropy    mean over heads and query positions t >= 1 of H(softmax row) / ln(t + 1): 1 for
+                    uniform attention over the t + 1 visible keys, 0 for attention on one key
+    grad_norm       ||dL/dtheta_l|| over block l's weights, for the same batch's next-token loss
+Measured on a copy of the model in eval mode (no dropout): no random numbers are drawn, and the
+training model's gradients, optimizer and DDP hooks are untouched, so a run trains the same with or
+without it.
+"""
+import copy
+import math
+
+import torch
+import torch.nn.functional as F
+
+from model.transformer import Transformer
+from training.evaluate import next_token_loss
+
+
+def rms(t: torch.Tensor) -> float:
+    return t.detach().pow(2).mean().sqrt().item()
+
+
+def position_cosine(h: torch.Tensor) -> float:
+    """h: [B, T, d] -> the mean cosine similarity of distinct positions' vectors within each sequence."""
+    unit = F.normalize(h.detach().float(), dim=-1)
+    T = h.shape[1]
+    total = (unit @ unit.transpose(1, 2)).sum(dim=(1, 2)) - T  # drop the T self-similarities of 1
+    return (total / (T * (T - 1))).mean().item()
+
+
+def attention_entropy(q: torch.Tensor, k: torch.Tensor) -> float:
+    """q: [B, H, T, D], k: [B, H_kv, T, D] -> the mean normalised entropy of the causal attention rows."""
+    T, D = q.shape[-2], q.shape[-1]
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # each K/V head serves its group of query heads
+    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(D)
+    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), -math.inf)
+    p = scores.softmax(dim=-1)
+    entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1)[..., 1:]  # row 0 sees one key: entropy 0 of max 0
+    visible = torch.arange(2, T + 1, device=q.device, dtype=entropy.dtype)
+    return (entropy / visible.log()).mean().item()
+
+
+def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
+    """The stats above for x, y: [B, T] token ids (T >= 2), as {"diag/<stat>/<layer>": value}."""
+    model = copy.deepcopy(model).eval()
+    records: dict[int, dict] = {i: {} for i in range(len(model.blocks))}
+    hooks = []
+    for i, block in enumerate(model.blocks):
+        def on_block(_module, inputs, output, i=i):
+            records[i]["stream_in"] = rms(inputs[0])
+            records[i]["stream_rms"] = rms(output)
+            records[i]["position_cos"] = position_cosine(output)
+
+        def on_attn(module, inputs, output, i=i):
+            records[i]["attn_out"] = rms(output)
+            with torch.no_grad():
+                records[i]["attn_entropy"] = attention_entropy(*module.heads(inputs[0])[:2])
+
+        def on_ffn(_module, _inputs, output, i=i):
+            records[i]["ffn_out"] = rms(output)
+
+        hooks += [block.register_forward_hook(on_block), block.attn.register_forward_hook(on_attn),
+                  block.ffn.register_forward_hook(on_ffn)]
+    next_token_loss(model, x, y).backward()
+    stats = {}
+    for i, block in enumerate(model.blocks):
+        r = records[i]
+        grads = [p.grad.flatten() for p in block.parameters()]
+        values = {"stream_rms": r["stream_rms"], "attn_ratio": r["attn_out"] / r["stream_in"],
+                  "ffn_ratio": r["ffn_out"] / r["stream_in"], "position_cos": r["position_cos"],
+                  "attn_entropy": r["attn_entropy"], "grad_norm": torch.cat(grads).norm().item()}
+        stats.update({f"diag/{name}/{i}": value for name, value in values.items()})
+    return stats
