@@ -38,3 +38,15 @@ def write_corpus(path: Path) -> Path:
         speeches.append(rng.choice(["ANNA", "BORIS", "CLARA"]) + "\n" + "\n".join(lines) + "\n")
     path.write_text("\n".join(speeches))
     return path
+
+
+def tiny_run(workdir: Path) -> list[str]:
+    """train.py overrides for a tiny run on write_corpus's text (8 x 32 tokens a step, a 1-layer d 32 model);
+    norm=layernorm also exercises the run name built from switches."""
+    corpus = write_corpus(workdir / "corpus.txt")
+    return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={workdir / 'cache'}",
+            "data.num_proc=1", "norm=layernorm", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
+            "model.gqa_kv_heads=1", "model.context_length=32", "train.batch_size=8",
+            "train.micro_batch_size=4", "train.warmup_steps=2", "train.eval_batches=2", "train.log_interval=1",
+            "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4", "train.sample_tokens=8",
+            "wandb.mode=disabled"]

@@ -22,7 +22,7 @@ from safetensors.torch import load, save
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import write_corpus
+from data_helpers import tiny_run
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_THREADS = {"OMP_NUM_THREADS": "1"}
@@ -35,12 +35,7 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(workdir) -> list[str]:
-    corpus = write_corpus(workdir / "corpus.txt")
-    return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={workdir / 'cache'}",
-            "data.num_proc=1", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.gqa_kv_heads=1",
-            "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.warmup_steps=2",
-            "train.eval_batches=2", "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4",
-            "train.sample_tokens=4", "wandb.mode=disabled"]
+    return tiny_run(workdir)
 
 
 def train(run_dir: Path, *overrides: str, preexec_fn=None, wait=True):
@@ -157,7 +152,7 @@ def test_saving_non_finite_weights_is_refused(trained, tmp_path):
 
 def test_two_runs_on_one_run_dir(workdir, tiny):
     run_dir = workdir / "shared"
-    first = train(run_dir, *tiny, "train.max_steps=100000", "train.log_interval=1", wait=False)
+    first = train(run_dir, *tiny, "train.max_steps=100000", wait=False)
     deadline = time.monotonic() + 120
     while not (run_dir / "metrics.jsonl").exists():  # the first run holds the dir and has started writing
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_helpers import write_corpus
+from data_helpers import tiny_run
 from model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,14 +33,7 @@ def workdir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tiny(workdir) -> list[str]:
-    """Overrides for a tiny run; norm=layernorm also exercises the run name built from switches."""
-    corpus = write_corpus(workdir / "corpus.txt")
-    return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={workdir / 'cache'}",
-            "data.num_proc=1", "norm=layernorm", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
-            "model.gqa_kv_heads=1", f"model.context_length={CONTEXT}", f"train.batch_size={BATCH}",
-            "train.micro_batch_size=4", "train.warmup_steps=2", "train.eval_batches=2", "train.log_interval=1",
-            "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4", "train.sample_tokens=8",
-            "wandb.mode=disabled"]
+    return tiny_run(workdir)
 
 
 def train(run_dir: Path, *overrides: str, command=(sys.executable, str(ROOT / "train.py"))):
