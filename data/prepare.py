@@ -5,8 +5,10 @@ Cache layout: <data.cache_dir>/<data.name>-<key>/ holds tokenizer.model, train.b
 identity and every setting the tokens depend on, plus CACHE_FORMAT, so a changed setting gets a
 fresh directory and an unchanged one is memory-mapped without touching the corpus.
 Each file is written to a temporary name and renamed; manifest.json goes last and records every
-stream's length, so a cache half written by a killed process (no manifest), truncated (wrong size)
-or written by another format is rebuilt, never used.
+stream's length and the sha256 of each stream and of tokenizer.model, checked at every load (about a
+second per GB), so a cache half written by a killed process (no manifest), truncated, corrupted in place
+or written by another format is rebuilt with a one-line notice, never used. A build removes the
+temporary files a killed build left, and a build that fails removes the directory it created.
 
 Each stream is the split's documents, each as BOS + ids + EOS, joined end to end.
 """
@@ -14,6 +16,8 @@ import functools
 import hashlib
 import json
 import math
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +29,7 @@ from data.files import atomic_write
 from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 REQUIRED_SETTINGS = ("name", "source", "vocab_size", "val_fraction", "cache_dir", "num_proc")
 SPLITS = ("train", "val")
 
@@ -55,8 +59,10 @@ def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
     key = hashlib.sha256(json.dumps(key_fields, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(cfg["cache_dir"]).expanduser() / f"{cfg['name']}-{key}"
 
-    manifest = read_manifest(cache, key)
+    manifest, problem = read_manifest(cache, key)
     if manifest is None:
+        if problem:
+            print(f"data: rebuilding the cache in {cache}: {problem}")
         manifest = build_cache(cache, key, source, cfg)
     else:
         print(f"data: using cached tokens in {cache}")
@@ -122,20 +128,51 @@ def split_documents(docs: datasets.Dataset, val_fraction: float):
     return datasets.Dataset.from_dict({"text": heads}), datasets.Dataset.from_dict({"text": tails})
 
 
-def read_manifest(cache: Path, key: str):
-    """The manifest if the cache in `cache` is complete and ours, else None."""
+def sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def read_manifest(cache: Path, key: str) -> tuple[dict | None, str | None]:
+    """(the manifest, None) if the cache in `cache` is complete, intact and ours; else (None, what is wrong),
+    the reason None where there is no finished cache at all."""
     try:
         manifest = json.loads((cache / "manifest.json").read_text())
+    except FileNotFoundError:
+        return None, None
+    except (OSError, ValueError) as e:
+        return None, f"unreadable manifest.json ({e})"
+    try:
+        if manifest["format"] != CACHE_FORMAT:
+            return None, f"manifest.json is of format {manifest['format']}, this nanollama writes {CACHE_FORMAT}"
+        if manifest["key"] != key:
+            return None, "manifest.json was written for other data settings"
         itemsize = np.dtype(manifest["dtype"]).itemsize
-        complete = (
-            manifest["format"] == CACHE_FORMAT
-            and manifest["key"] == key
-            and (cache / "tokenizer.model").is_file()
-            and all((cache / f"{s}.bin").stat().st_size == manifest["splits"][s]["tokens"] * itemsize for s in SPLITS)
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return manifest if complete else None
+        for s in SPLITS:
+            size, expected = (cache / f"{s}.bin").stat().st_size, manifest["splits"][s]["tokens"] * itemsize
+            if size != expected:
+                return None, f"{s}.bin has {size} bytes, its manifest says {expected}"
+        for name, digest in manifest["sha256"].items():
+            if sha256(cache / name) != digest:
+                return None, f"{name} does not match the sha256 in manifest.json"
+    except OSError as e:
+        return None, f"{e.filename}: {e.strerror}"
+    except (ValueError, KeyError, TypeError) as e:
+        return None, f"manifest.json is not one this nanollama wrote ({type(e).__name__}: {e})"
+    return manifest, None
+
+
+def remove_dead_builds_files(cache: Path) -> None:
+    """The `<file>.tmp-<pid>` files that atomic_write left when its process was killed, once that process is gone
+    (another process building the same cache at this moment keeps its own)."""
+    for tmp in cache.glob("*.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[1]
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+        except (ValueError, PermissionError):  # not our naming, or a live process of another user
+            pass
 
 
 def build_cache(cache: Path, key: str, source, cfg) -> dict:
@@ -143,21 +180,37 @@ def build_cache(cache: Path, key: str, source, cfg) -> dict:
     docs = source.load()
     if len(docs) == 0:
         raise DataError(f"{describe(cfg)}: the corpus has no documents")
+    created = not cache.exists()
     cache.mkdir(parents=True, exist_ok=True)
+    try:
+        return fill_cache(cache, key, docs, cfg)
+    except BaseException:
+        if created:  # nothing in it is of use: no empty or half-built dir is left behind
+            shutil.rmtree(cache, ignore_errors=True)
+        raise
+
+
+def fill_cache(cache: Path, key: str, docs: datasets.Dataset, cfg) -> dict:
     (cache / "manifest.json").unlink(missing_ok=True)  # from here on the old streams must not be used
+    remove_dead_builds_files(cache)
     train_docs, val_docs = split_documents(docs, cfg["val_fraction"])
 
     model_file = cache / "tokenizer.model"
+    tokenizer = None
     if model_file.is_file():  # same key -> same corpus and settings: a tokenizer that made it to disk is final
-        tokenizer = Tokenizer(model_file)
-    else:
+        try:
+            tokenizer = Tokenizer(model_file)
+        except (OSError, RuntimeError):  # ... unless it is damaged: train it again
+            model_file.unlink()
+    if tokenizer is None:
         tokenizer = train_on(train_docs, cfg, model_file)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
     splits = {
         split: write_stream(split_docs, model_file, dtype, cache / f"{split}.bin", cfg["num_proc"], split)
         for split, split_docs in zip(SPLITS, (train_docs, val_docs))
     }
-    manifest = {"format": CACHE_FORMAT, "key": key, "dtype": dtype.name, "splits": splits}
+    digests = {name: sha256(cache / name) for name in ("tokenizer.model", *(f"{s}.bin" for s in SPLITS))}
+    manifest = {"format": CACHE_FORMAT, "key": key, "dtype": dtype.name, "splits": splits, "sha256": digests}
     atomic_write(cache / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     for split, s in splits.items():
         print(f"data: {split}: {s['documents']} docs, {s['characters']:,} chars, {s['tokens']:,} tokens, "

@@ -3,6 +3,8 @@ import json
 import math
 import os
 import socket
+import subprocess
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -203,6 +205,51 @@ def test_damaged_or_foreign_cache_is_rebuilt_not_used(corpus_cfg, damage):
     rebuilt = prepare_data(corpus_cfg, 16, 4)
     assert np.array_equal(rebuilt.train, train) and np.array_equal(rebuilt.val, val)
     assert os.stat(rebuilt.tokenizer.model_file).st_mtime_ns == tokenizer_written  # the tokenizer is reused
+
+
+def break_same_size(cache):  # a flipped block in the middle of the stream: its size still checks out
+    with open(cache / "train.bin", "r+b") as f:
+        f.seek(os.path.getsize(cache / "train.bin") // 2)
+        f.write(b"\xff" * 64)
+
+
+def test_a_cache_corrupted_in_place_is_rebuilt_with_a_notice(corpus_cfg, capsys):
+    first = prepare_data(corpus_cfg, 16, 4)
+    train = np.array(first.train)
+    break_same_size(first.cache_dir)
+    capsys.readouterr()
+    rebuilt = prepare_data(corpus_cfg, 16, 4)
+    assert f"data: rebuilding the cache in {first.cache_dir}: train.bin does not match the sha256 in manifest.json" \
+        in capsys.readouterr().out
+    assert np.array_equal(rebuilt.train, train)
+
+
+def test_a_truncated_tokenizer_is_trained_again(corpus_cfg, capsys):
+    first = prepare_data(corpus_cfg, 16, 4)
+    train, model_file = np.array(first.train), Path(first.tokenizer.model_file)
+    model_file.write_bytes(model_file.read_bytes()[:100])
+    rebuilt = prepare_data(corpus_cfg, 16, 4)
+    assert "tokenizer.model does not match the sha256 in manifest.json" in capsys.readouterr().out
+    assert np.array_equal(rebuilt.train, train) and rebuilt.tokenizer.vocab_size == 300
+
+
+def test_a_killed_builds_temporary_files_are_removed_by_the_next_build(corpus_cfg):
+    first = prepare_data(corpus_cfg, 16, 4)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs
+    leftover = first.cache_dir / f"train.bin.tmp-{dead.pid}"
+    leftover.write_bytes(b"")
+    live = first.cache_dir / f"train.bin.tmp-{os.getppid()}"  # a process that is alive: its file stays
+    live.write_bytes(b"")
+    (first.cache_dir / "manifest.json").unlink()
+    prepare_data(corpus_cfg, 16, 4)
+    assert not leftover.exists() and live.exists()
+
+
+def test_a_failed_build_leaves_no_cache_dir(corpus_cfg):
+    with pytest.raises(DataError):
+        prepare_data(dict(corpus_cfg, vocab_size=5000), 16, 4)  # the tokenizer cannot have that many pieces
+    assert not list(Path(corpus_cfg["cache_dir"]).glob("text-*"))  # datasets' own cache (hf_datasets/) may stay
 
 
 # --- bad input: one line naming the setting -------------------------------------------------------
