@@ -238,8 +238,9 @@ class LRLine:
 
 
 def lr_line(variant: Variant, init: float, grid: list[float]) -> LRLine:
+    at = by_lr(variant)
     curve, diverged = {}, set()
-    for lr, at_lr in by_lr(variant).items():
+    for lr, at_lr in at.items():
         first = min(at_lr.runs, key=lambda r: r.config["train"].get("seed", 0))
         value = final_bpb(first, init)
         if value is not None:
@@ -248,8 +249,9 @@ def lr_line(variant: Variant, init: float, grid: list[float]) -> LRLine:
                 diverged.add(lr)
     trained = {lr: v for lr, v in curve.items() if lr not in diverged}
     best_lr = min(trained, key=trained.get) if trained else None
-    best = by_lr(variant)[best_lr] if best_lr is not None else Variant(variant.name)
-    sensitivity = lr_sensitivity([curve[lr] for lr in grid], init) if all(lr in curve for lr in grid) else None
+    best = at[best_lr] if best_lr is not None else Variant(variant.name)
+    shared = grid and all(lr in curve for lr in grid)  # no grid shared by every line: no sensitivity
+    sensitivity = lr_sensitivity([curve[lr] for lr in grid], init) if shared else None
     return LRLine(variant.name, curve, diverged, best_lr, best, sensitivity)
 
 
@@ -274,7 +276,7 @@ def lr_sweep_lines(variants: list[Variant]) -> tuple[list[LRLine], list[float], 
     return [lr_line(v, init, grid) for v in variants], grid, init
 
 
-def lr_table(lines: list[LRLine], baseline: LRLine | None, unigram: float | None, margin: float) -> str:
+def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, float | None]) -> str:
     rows = ["| variant | best lr | LR sensitivity | runs at best lr (n) | val bpb at best lr | Δ bpb vs baseline "
             "| beyond seed noise? | largest lr that trains | params | KV cache bytes/token |",
             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|"]
@@ -284,11 +286,10 @@ def lr_table(lines: list[LRLine], baseline: LRLine | None, unigram: float | None
             delta, beyond = "(baseline)", ""
         n_incomplete = len(line.best.runs) - len(line.best.complete)
         runs = f"{len(line.best.complete)}" + (f" + {n_incomplete} incomplete" if n_incomplete else "")
-        trains = largest_lr_that_trains(line, unigram - margin) if unigram is not None else None
         rows.append(f"| {line.name} | {'none' if line.best_lr is None else f'{line.best_lr:g}'} | "
                     f"{'n/a' if line.sensitivity is None else f'{line.sensitivity:.4f}'} | {runs} "
                     f"| {fmt_mean_std(line.best.final('val_bpb'))} | {delta} | {beyond} "
-                    f"| {'none' if trains is None else f'{trains:g}'} | {summary_value(line.best, 'num_params')} "
+                    f"| {'none' if trains[line.name] is None else f'{trains[line.name]:g}'} | {summary_value(line.best, 'num_params')} "
                     f"| {summary_value(line.best, 'kv_cache_bytes_per_token')} |")
     return "\n".join(rows)
 
@@ -393,7 +394,9 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
     baseline = next((line for line in lines if line.name == baseline_name), None)
     lines.sort(key=lambda line: line is not baseline)
     unigram = next((r.summary["unigram_val_bpb"] for r in runs if "unigram_val_bpb" in r.summary), None)
-    print(lr_table(lines, baseline, unigram, margin))
+    trains = {line.name: largest_lr_that_trains(line, unigram - margin) if unigram is not None else None
+              for line in lines}
+    print(lr_table(lines, baseline, trains))
     print(f"\nLR sensitivity: over the {len(grid)} learning rates every variant has ({', '.join(f'{lr:g}' for lr in grid)}), "
           f"with the loss at initialisation {init:.4f} bpb (ln vocab_size) for a diverged run or one worse than that.")
     if unigram is not None:
@@ -409,8 +412,6 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
         lr_plot(lines, init, unigram, args.lr_plot)
         print(f"plot (final val bpb vs learning rate): {args.lr_plot}")
     if args.json:
-        trains = {line.name: largest_lr_that_trains(line, unigram - margin) if unigram is not None else None
-                  for line in lines}
         write_json(args.json, {"grid": grid, "init_bpb": init, "unigram_val_bpb": unigram, "trains_margin": margin,
                                "variants": {line.name: {
                                    "best_lr": line.best_lr, "lr_sensitivity": line.sensitivity,

@@ -24,6 +24,7 @@ warm-up are the study's).
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -119,12 +120,12 @@ def run_all(points: list[Point], out: Path, extra: list[str], jobs: int, threads
 
 
 def best_lrs(out: Path, lines: list[str]) -> dict[str, float | None]:
-    """Each line's best lr from its seed-0 runs in OUT (None where no run completed)."""
+    """Each line's best lr in OUT, by compare.py's rule (None where no run completed). A diverged run is
+    never the best, so the loss at initialisation it would count at does not matter here."""
     best = {}
     for line in lines:
-        runs = [compare.load_run(d) for d in sorted((out / line).glob("lr*/seed0"))]
-        scored = [(r.evals[-1]["val_bpb"], r.config["train"]["lr"]) for r in runs if r.problem is None]
-        best[line] = min(scored)[1] if scored else None
+        runs = [compare.load_run(d) for d in compare.find_run_dirs(out / line)] if (out / line).is_dir() else []
+        best[line] = compare.lr_line(compare.Variant(line, runs), init=math.inf, grid=[]).best_lr
     return best
 
 

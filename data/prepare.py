@@ -16,7 +16,6 @@ import functools
 import hashlib
 import json
 import math
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ import datasets
 import numpy as np
 from tqdm import tqdm
 
-from data.files import atomic_write
+from data.files import atomic_write, remove_dead_temporaries, sha256
 from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 
@@ -128,11 +127,6 @@ def split_documents(docs: datasets.Dataset, val_fraction: float):
     return datasets.Dataset.from_dict({"text": heads}), datasets.Dataset.from_dict({"text": tails})
 
 
-def sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def read_manifest(cache: Path, key: str) -> tuple[dict | None, str | None]:
     """(the manifest, None) if the cache in `cache` is complete, intact and ours; else (None, what is wrong),
     the reason None where there is no finished cache at all."""
@@ -162,19 +156,6 @@ def read_manifest(cache: Path, key: str) -> tuple[dict | None, str | None]:
     return manifest, None
 
 
-def remove_dead_builds_files(cache: Path) -> None:
-    """The `<file>.tmp-<pid>` files that atomic_write left when its process was killed, once that process is gone
-    (another process building the same cache at this moment keeps its own)."""
-    for tmp in cache.glob("*.tmp-*"):
-        pid = tmp.name.rsplit(".tmp-", 1)[1]
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            tmp.unlink(missing_ok=True)
-        except (ValueError, PermissionError):  # not our naming, or a live process of another user
-            pass
-
-
 def build_cache(cache: Path, key: str, source, cfg) -> dict:
     print(f"data: building {describe(cfg)} tokens in {cache}")
     docs = source.load()
@@ -192,7 +173,7 @@ def build_cache(cache: Path, key: str, source, cfg) -> dict:
 
 def fill_cache(cache: Path, key: str, docs: datasets.Dataset, cfg) -> dict:
     (cache / "manifest.json").unlink(missing_ok=True)  # from here on the old streams must not be used
-    remove_dead_builds_files(cache)
+    remove_dead_temporaries(cache)  # of a build that was killed
     train_docs, val_docs = split_documents(docs, cfg["val_fraction"])
 
     model_file = cache / "tokenizer.model"

@@ -19,7 +19,6 @@ moment leaves either the previous checkpoint or the new one, never a mix.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from contextlib import contextmanager
@@ -29,7 +28,7 @@ from typing import Callable, Iterator
 import torch
 from safetensors.torch import load, save
 
-from data.files import write_bytes
+from data.files import sha256, write_bytes
 from model.config import ConfigError, ModelConfig
 from model.hf_interop import InteropError, check_vocab, load_hf_state_dict, model_config_from_hf, read_hf_weights
 from model.transformer import Transformer
@@ -71,11 +70,6 @@ def atomic_dir(final_dir: str | Path) -> Iterator[Path]:
         final_dir.rename(old)
     tmp.rename(final_dir)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:

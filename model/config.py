@@ -14,6 +14,10 @@ POSITIONS = ("rope", "sinusoidal", "learned", "none")
 FFNS = ("swiglu", "relu", "gelu")
 
 
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class ConfigError(ValueError):
     """A model setting that cannot build a model; the message names the keys and values."""
 
@@ -73,10 +77,9 @@ class ModelConfig:
                               f"has no next token to predict inside it")
         for key in ("rope_base", "norm_eps"):
             value = getattr(self, key)
-            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf):
+            if not (is_number(value) and 0 < value < math.inf):
                 raise ConfigError(f"model.{key}={value!r} must be a positive number")
-        if not (isinstance(self.dropout, (int, float)) and not isinstance(self.dropout, bool)
-                and 0 <= self.dropout < 1):
+        if not (is_number(self.dropout) and 0 <= self.dropout < 1):
             raise ConfigError(f"model.dropout={self.dropout!r} must be a number in [0, 1)")
         for key in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, key), bool):

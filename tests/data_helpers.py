@@ -1,13 +1,20 @@
 """Shared by the data and training tests: the real configs/data/*.yaml, composed by Hydra, as plain
 dicts, and a small corpus to train on."""
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = ROOT / "configs"
+# Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.
+TRAIN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+TRAIN = (sys.executable, str(ROOT / "train.py"))
 
 
 def data_settings(name: str, cache_dir, **changes) -> dict:
@@ -50,3 +57,9 @@ def tiny_run(workdir: Path) -> list[str]:
             "train.micro_batch_size=4", "train.warmup_steps=2", "train.eval_batches=2", "train.log_interval=1",
             "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4", "train.sample_tokens=8",
             "wandb.mode=disabled"]
+
+
+def run_train(run_dir: Path, *overrides: str, command=TRAIN, **kwargs) -> subprocess.CompletedProcess:
+    """train.py (or `command`, e.g. torchrun) as a user runs it, on run_dir, until it ends."""
+    return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=TRAIN_ENV,
+                          capture_output=True, text=True, timeout=300, **kwargs)

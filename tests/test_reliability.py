@@ -6,12 +6,10 @@ the setting or file, and that the files that were there before are unchanged (sh
 import hashlib
 import io
 import json
-import os
 import resource
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,10 +20,9 @@ from safetensors.torch import load, save
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import tiny_run
+from data_helpers import TRAIN, TRAIN_ENV, run_train as train, tiny_run
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -36,15 +33,6 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny(workdir) -> list[str]:
     return tiny_run(workdir)
-
-
-def train(run_dir: Path, *overrides: str, preexec_fn=None, wait=True):
-    command = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, **ENV_THREADS}
-    if not wait:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-                          preexec_fn=preexec_fn)
 
 
 def hashes(folder: Path) -> dict[str, str]:
@@ -152,7 +140,8 @@ def test_saving_non_finite_weights_is_refused(trained, tmp_path):
 
 def test_two_runs_on_one_run_dir(workdir, tiny):
     run_dir = workdir / "shared"
-    first = train(run_dir, *tiny, "train.max_steps=100000", wait=False)
+    first = subprocess.Popen([*TRAIN, *tiny, "train.max_steps=100000", f"hydra.run.dir={run_dir}"], cwd=ROOT,
+                             env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (run_dir / "metrics.jsonl").exists():  # the first run holds the dir and has started writing
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()

@@ -4,7 +4,6 @@ outputs, exact resume, SIGTERM, the NaN guard, one-line errors, and DDP over 2 C
 Each run is a subprocess (~4 s of imports), so the module shares runs through fixtures."""
 import json
 import math
-import os
 import re
 import signal
 import subprocess
@@ -16,14 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_helpers import tiny_run
+from data_helpers import TRAIN_ENV, run_train as train, tiny_run
 from model.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8
 BATCH, CONTEXT = 8, 32
-# Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +31,6 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def tiny(workdir) -> list[str]:
     return tiny_run(workdir)
-
-
-def train(run_dir: Path, *overrides: str, command=(sys.executable, str(ROOT / "train.py"))):
-    return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=ENV,
-                          capture_output=True, text=True, timeout=300)
 
 
 def metrics(run_dir: Path) -> list[dict]:
@@ -119,7 +111,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(workdir, tiny):
     proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *tiny, f"train.max_steps={never}",
                              f"train.eval_interval={never}", f"train.ckpt_interval={never}",
                              f"train.sample_interval={never}", f"hydra.run.dir={run_dir}"],
-                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while proc.poll() is None and time.time() < deadline:  # wait until training is under way
         if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3:

@@ -19,7 +19,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from model.config import ConfigError, ModelConfig
+from model.config import ConfigError, ModelConfig, is_number
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 POSITIVE_INTS = ("max_steps", "batch_size", "micro_batch_size", "lr_decay_steps", "eval_interval",
@@ -56,10 +56,6 @@ def check_train_config(train: DictConfig, world_size: int) -> int:
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of {world_size} processes x "
                           f"train.micro_batch_size={train.micro_batch_size}")
     return train.batch_size // per_step
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def model_config(cfg: DictConfig) -> ModelConfig:
