@@ -175,20 +175,18 @@ def bench_ablation(repeats: int, device: Device) -> dict:
     """Training tokens/s of every ablation variant at the ablation's size (+experiment=ablation ablation=X:
     train.batch_size sequences of its context, train.py's AdamW), one training step of each in turn, alternated
     in one process: the speed the learning-rate sweep's runs cannot show, since they shared the cores."""
-    from hydra import compose, initialize_config_dir
-
     from sweep import VARIANTS
-    from training.config import CONFIG_DIR, model_config
+    from training.config import model_config
+    from training.settings import compose_config
 
     steps, tokens_per_step = {}, None
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        for variant in VARIANTS:
-            cfg = compose("config", overrides=["+experiment=ablation", f"ablation={variant}"])
-            model = Transformer(model_config(cfg)).to(device.name)
-            T = model.cfg.context_length
-            batch = torch.randint(model.cfg.vocab_size, (cfg.train.batch_size, T + 1), device=device.name)
-            steps[variant] = train_step(model, model, batch, device)
-            tokens_per_step = cfg.train.batch_size * T
+    for variant in VARIANTS:
+        cfg = compose_config(["+experiment=ablation", f"ablation={variant}"])
+        model = Transformer(model_config(cfg)).to(device.name)
+        T = model.cfg.context_length
+        batch = torch.randint(model.cfg.vocab_size, (cfg.train.batch_size, T + 1), device=device.name)
+        steps[variant] = train_step(model, model, batch, device)
+        tokens_per_step = cfg.train.batch_size * T
     seconds, _, _ = timed_alternately("ablation training steps", steps, repeats, device)
     base = statistics.median(seconds["baseline"])
     return {variant: {"tokens_per_s": tokens_per_step / statistics.median(s),

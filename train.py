@@ -33,12 +33,13 @@ from model.checkpoint import CheckpointError
 from model.config import ConfigError
 from model.engine import Engine
 from model.transformer import Transformer
-from training.config import autocast_for, check_command_line, check_train_config, model_config, resolve_device
+from training.config import autocast_for, check_train_config, model_config, resolve_device
 from training.distributed import agree_on_step, master_first, setup_distributed, teardown_distributed, world_size
 from training.diagnostics import layer_stats
 from training.evaluate import evaluate, next_token_loss, unigram_bpb
 from training.optim import lr_at, make_optimizer
 from training.run_lock import run_dir_lock
+from training.settings import check_command_line
 from training.signals import StopRequest
 from training.state import (Progress, checkpoint_to_resume, resume_training, save_training_checkpoint,
                             step_generator)

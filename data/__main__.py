@@ -2,21 +2,17 @@
 and print what is in it, e.g. `python -m data data=text data.path='books/*.txt' data.vocab_size=8192`."""
 import sys
 import time
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from data import DataError, prepare_data
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+from training.settings import compose_config
 
 
 def main(overrides: list[str]):
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            cfg = compose(config_name="config", overrides=overrides)
+        cfg = compose_config(overrides)
         started = time.perf_counter()
         data = prepare_data(cfg.data, cfg.model.context_length, OmegaConf.select(cfg, "train.micro_batch_size", default=1))
     except (DataError, HydraException) as e:

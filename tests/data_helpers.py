@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from training.settings import compose_config
+
 ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = ROOT / "configs"
 # Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.
 TRAIN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 TRAIN = (sys.executable, str(ROOT / "train.py"))
@@ -19,8 +19,7 @@ TRAIN = (sys.executable, str(ROOT / "train.py"))
 
 def data_settings(name: str, cache_dir, **changes) -> dict:
     """configs/data/<name>.yaml with data.cache_dir=cache_dir and `changes` applied."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        data = compose(config_name="config", overrides=[f"data={name}"]).data
+    data = compose_config([f"data={name}"]).data
     settings = OmegaConf.to_container(data, resolve=True)
     settings.update(cache_dir=str(cache_dir), **changes)
     return settings

@@ -9,15 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 import compare
 from model import ModelConfig, Transformer
+from training.settings import CONFIG_DIR, compose_config
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 COMPONENTS = ("norm", "norm_position", "position", "attention", "ffn")
 # The issue's definition of each variant: the model.* settings it changes from the baseline.
 SWITCHES = {
@@ -36,8 +35,7 @@ SWITCHES = {
 def compose_run(*overrides: str) -> tuple[dict, dict]:
     """(the resolved job config, the resolved hydra.sweep and hydra.sweeper.params) of one sweep
     point, as train.py and Hydra's sweeper see them."""
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    cfg = compose_config(overrides, return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # what Hydra does before a job: ${hydra:...} resolves
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     sweep = {**cfg.hydra.sweep, "params": dict(cfg.hydra.sweeper.params)}  # resolved while this job's choices hold

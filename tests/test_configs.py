@@ -1,21 +1,18 @@
 """Hydra composition: presets pick every component, command-line groups override them both ways."""
-from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from model import ModelConfig, Transformer
+from training.settings import compose_config
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 MODERN = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa", "ffn": "swiglu"}
 CLASSIC = {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal", "attention": "mha", "ffn": "relu"}
 
 
 def compose_model(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-        return compose(config_name="config", overrides=list(overrides)).model
+    return compose_config(overrides).model
 
 
 def choices(model_node) -> dict:
@@ -86,3 +83,24 @@ def test_model_config_builds_from_the_composed_node(preset):
         (node.d_model, node.n_layers, node.n_heads, node.n_kv_heads)
     # the preset's documented size: order of 5 M parameters with a 4096-token vocabulary
     assert 4e6 < Transformer(cfg).num_params() < 7e6
+
+
+def test_every_shipped_option_fits_the_schema():
+    """Each YAML in configs/ is merged into training/settings.py's dataclasses: a key the schema lacks
+    or a value of the wrong type in any of them fails here rather than in a user's run."""
+    from training.settings import CONFIG_DIR
+    for group in sorted(p for p in CONFIG_DIR.iterdir() if p.is_dir() and p.name not in ("experiment", "ablation")):
+        for option in sorted(group.glob("*.yaml")):
+            cfg = compose_config([f"{group.name}={option.stem}"])
+            OmegaConf.to_container(cfg.model, resolve=True, throw_on_missing=True)
+            assert cfg.data.vocab_size > 0 and cfg.train.lr > 0
+
+
+def test_a_value_of_the_wrong_type_is_refused_at_composition_with_its_key():
+    from hydra.errors import ConfigCompositionException
+    for override, key in (("train.lr=abc", "train.lr"), ("model.n_layers=2.5", "model.n_layers"),
+                          ("train.compile=maybe", "train.compile"), ("data.vocab_size=big", "data.vocab_size")):
+        with pytest.raises(ConfigCompositionException) as error:
+            compose_config([override])
+        assert f"full_key: {key}" in str(error.value.__cause__)
+    assert compose_config(["train.lr=1"]).train.lr == 1.0 and isinstance(compose_config(["train.lr=1"]).train.lr, float)

@@ -174,16 +174,19 @@ def test_a_write_that_fails_is_one_line_and_keeps_the_previous_checkpoint(copy, 
     assert not (copy / "ckpt.tmp").exists() and not list(copy.glob("*.tmp-*"))
 
 
-@pytest.mark.parametrize("override, message", [
-    ("train.lr=abc", "train.lr='abc' must be a positive number"),
-    ("train.min_lr=abc", "train.min_lr='abc' must be a number in [0, train.lr="),
-    ("train.grad_clip=abc", "train.grad_clip='abc' must be a number >= 0"),
-    ("train.sample_temperature=abc", "train.sample_temperature='abc' must be a number >= 0"),
-    ("model.dropout=abc", "model.dropout='abc' must be a number in [0, 1)"),
-    ("model.rope_base=abc", "model.rope_base='abc' must be a positive number"),
-    ("train.seed=abc", "train.seed='abc' must be an integer >= 0"),
+@pytest.mark.parametrize("override, message", [  # a type: the schema at composition; a range: the code
+    ("train.lr=abc", "Error merging override train.lr=abc: Value 'abc' of type 'str' could not be converted to Float"),
+    ("train.min_lr=abc", "Error merging override train.min_lr=abc: Value 'abc' of type 'str' could not be converted"),
+    ("train.grad_clip=abc", "Error merging override train.grad_clip=abc: Value 'abc'"),
+    ("train.sample_temperature=abc", "Error merging override train.sample_temperature=abc: Value 'abc'"),
+    ("model.dropout=abc", "Error merging override model.dropout=abc: Value 'abc'"),
+    ("model.rope_base=abc", "Error merging override model.rope_base=abc: Value 'abc'"),
+    ("train.seed=abc", "Error merging override train.seed=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("model.context_length=1.5", "Error merging override model.context_length=1.5: Value '1.5' of type 'float' could not"),
+    ("train.betas=[0.9,b]", "Error merging override train.betas=[0.9,b]: Value 'b' of type 'str' could not be converted"),
+    ("train.lr_typo=1", "Could not override 'train.lr_typo'."),
     ("train.seed=-1", "train.seed=-1 must be an integer >= 0"),
-    ("train.betas=[2,3]", "train.betas=[2, 3] must be two numbers in [0, 1)"),
+    ("train.betas=[2,3]", "train.betas=[2.0, 3.0] must be two numbers in [0, 1)"),
     ("model.context_length=1", "model.context_length=1 must be >= 2"),
     ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mqa"),
 ])

@@ -11,7 +11,8 @@ from model.transformer import Transformer
 from training.config import check_train_config
 from training.optim import lr_at, make_optimizer
 from training.state import checkpoint_to_resume
-from training.tracking import CONFIG_DIR, default_run_name, keep_metrics_up_to, wandb_mode
+from training.settings import CONFIG_DIR
+from training.tracking import default_run_name, keep_metrics_up_to, wandb_mode
 
 TRAIN = OmegaConf.load(CONFIG_DIR / "config.yaml").train
 

@@ -1,6 +1,7 @@
 """The helpers that keep train.py a top-down read.
 
-config.py       train.* checks, gradient accumulation arithmetic, device and precision, the model config
+settings.py     the settings' schema (typed train/model/data/wandb, in the ConfigStore) and compose_config()
+config.py       train.* range checks, gradient accumulation arithmetic, device and precision, the model config
 optim.py        AdamW parameter groups (which parameters decay) and the lr schedule
 evaluate.py     the next-token loss; val loss, perplexity and bits per byte
 state.py        resumable checkpoints (train_state.pt) and the per-step batch generator

@@ -9,48 +9,37 @@ step, whatever the number of processes, so
 and each process runs that many forward/backward passes of micro_batch_size sequences per step.
 """
 import math
-import sys
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from model.config import ConfigError, ModelConfig, is_number
+from model.config import ConfigError, ModelConfig
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 POSITIVE_INTS = ("max_steps", "batch_size", "micro_batch_size", "lr_decay_steps", "eval_interval",
                  "eval_batches", "log_interval", "ckpt_interval", "sample_interval", "sample_tokens")
 
 
 def check_train_config(train: DictConfig, world_size: int) -> int:
-    """Returns the gradient accumulation steps per optimizer step."""
+    """The ranges of train.* (their types the schema has checked, training/settings.py). Returns the
+    gradient accumulation steps per optimizer step."""
     for key in POSITIVE_INTS:
-        value = train[key]
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"train.{key}={value!r} must be a positive integer")
-    if not (is_number(train.lr) and 0 < train.lr < math.inf):
-        raise ConfigError(f"train.lr={train.lr!r} must be a positive number")
-    if not (is_number(train.min_lr) and 0 <= train.min_lr <= train.lr):
-        raise ConfigError(f"train.min_lr={train.min_lr!r} must be a number in [0, train.lr={train.lr}]")
-    if not isinstance(train.warmup_steps, int) or isinstance(train.warmup_steps, bool) or train.warmup_steps < 0:
-        raise ConfigError(f"train.warmup_steps={train.warmup_steps!r} must be an integer >= 0")
+        if train[key] <= 0:
+            raise ConfigError(f"train.{key}={train[key]} must be a positive integer")
+    if not 0 < train.lr < math.inf:
+        raise ConfigError(f"train.lr={train.lr} must be a positive number")
+    if not 0 <= train.min_lr <= train.lr:
+        raise ConfigError(f"train.min_lr={train.min_lr} must be a number in [0, train.lr={train.lr}]")
+    if train.warmup_steps < 0:
+        raise ConfigError(f"train.warmup_steps={train.warmup_steps} must be an integer >= 0")
     for key in ("weight_decay", "grad_clip", "sample_temperature"):
-        if not (is_number(train[key]) and 0 <= train[key] < math.inf):
-            raise ConfigError(f"train.{key}={train[key]!r} must be a number >= 0")
-    betas = list(train.betas) if OmegaConf.is_list(train.betas) else train.betas
-    if not (isinstance(betas, list) and len(betas) == 2 and all(is_number(b) and 0 <= b < 1 for b in betas)):
-        raise ConfigError(f"train.betas={betas!r} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
-    if not isinstance(train.seed, int) or isinstance(train.seed, bool) or train.seed < 0:
-        raise ConfigError(f"train.seed={train.seed!r} must be an integer >= 0")
-    for key in ("resume", "compile", "diagnostics"):
-        if not isinstance(train[key], bool):
-            raise ConfigError(f"train.{key}={train[key]!r} must be true or false")
-    if not isinstance(train.sample_prompt, str):
-        raise ConfigError(f"train.sample_prompt={train.sample_prompt!r} must be a string")
+        if not 0 <= train[key] < math.inf:
+            raise ConfigError(f"train.{key}={train[key]} must be a number >= 0")
+    betas = list(train.betas)
+    if not (len(betas) == 2 and all(0 <= b < 1 for b in betas)):
+        raise ConfigError(f"train.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
+    if train.seed < 0:
+        raise ConfigError(f"train.seed={train.seed} must be an integer >= 0")
     per_step = world_size * train.micro_batch_size
     if train.batch_size % per_step:
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of {world_size} processes x "
@@ -82,18 +71,3 @@ def resolve_device(setting: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"train.device={setting!r} must be auto, cpu, cuda or cuda:N")
     return device
-
-
-def check_command_line(argv: list[str]) -> None:
-    """Composes the config from these overrides as @hydra.main will, so that a mistyped key or value or
-    an unknown group option (attention=foo) is one `error:` line and exit 2 rather than Hydra's
-    multi-line message and exit 1. Hydra's own flags (-m, --cfg, --help, ...) are left to Hydra."""
-    if any(arg.startswith("-") for arg in argv):
-        return
-    try:
-        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-            compose("config", overrides=argv)
-    except (HydraException, OmegaConfBaseException) as err:
-        message = " ".join(str(err).split("Config search path")[0].split())  # one line, without the search path
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)

@@ -17,18 +17,14 @@ gradient shrinks on its way down, the vanishing that a learning-rate warm-up is 
 """
 import argparse
 import sys
-from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 
 from model import ConfigError, ModelConfig, Transformer
 from training.config import model_config
 from training.evaluate import next_token_loss
-
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-
+from training.settings import compose_config
 
 def gradient_ratios(model: Transformer, tokens: torch.Tensor) -> dict:
     """The stream and params gradient ratios of block 1 over block L for one backward pass of
@@ -59,8 +55,7 @@ def gradient_ratios(model: Transformer, tokens: torch.Tensor) -> dict:
 
 def model_config_for(overrides: list[str]) -> ModelConfig:
     """The `model` node Hydra composes from configs/ with these overrides, e.g. ["norm_position=post"]."""
-    with initialize_config_dir(str(CONFIG_DIR), version_base=None):
-        return model_config(compose("config", overrides=overrides))
+    return model_config(compose_config(overrides))
 
 
 def grad_flow_rows(depths: list[int], overrides: list[str], batch_size: int, seed: int):

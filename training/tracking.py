@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data.files import atomic_write
 from model.config import ConfigError
-from training.config import CONFIG_DIR
+from training.settings import CONFIG_DIR
 
 WANDB_MODES = ("online", "offline", "disabled")
 

@@ -1,0 +1,126 @@
+"""The settings' schema, and the one place that composes configs/ outside @hydra.main.
+
+configs/config.yaml lists `schema` first in its defaults, so every YAML file and command-line
+override is merged into these dataclasses: a value of the wrong type (train.lr=abc, model.bias=3)
+or a key that does not exist is rejected at composition, with the key named. What a type cannot say
+(betas in [0, 1), seed >= 0, context_length >= 2, ...) is checked in code: training/config.py for
+train.*, model/config.py for model.*.
+"""
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
+from omegaconf import MISSING, DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class TrainSettings:  # the meaning of each key: configs/config.yaml
+    max_steps: int = MISSING
+    batch_size: int = MISSING
+    micro_batch_size: int = MISSING
+    lr: float = MISSING
+    min_lr: float = MISSING
+    warmup_steps: int = MISSING
+    lr_decay_steps: int = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+    grad_clip: float = MISSING
+    eval_interval: int = MISSING
+    eval_batches: int = MISSING
+    log_interval: int = MISSING
+    ckpt_interval: int = MISSING
+    sample_interval: int = MISSING
+    sample_tokens: int = MISSING
+    sample_temperature: float = MISSING
+    sample_prompt: str = MISSING
+    diagnostics: bool = MISSING
+    seed: int = MISSING
+    resume: bool = MISSING
+    compile: bool = MISSING
+    device: str = MISSING
+
+
+@dataclass
+class ModelSettings:  # the groups (norm, position, ...) fill the switches, a preset (configs/model/) the sizes
+    name: str = MISSING
+    norm: str = MISSING
+    norm_position: str = MISSING
+    position: str = MISSING
+    attention: str = MISSING
+    ffn: str = MISSING
+    d_model: int = MISSING
+    n_layers: int = MISSING
+    n_heads: int = MISSING
+    n_kv_heads: int = MISSING
+    gqa_kv_heads: Optional[int] = None  # what attention=gqa sets n_kv_heads to
+    context_length: int = MISSING
+    ffn_multiple_of: int = MISSING
+    rope_base: float = MISSING
+    norm_eps: float = MISSING
+    dropout: float = MISSING
+    bias: bool = MISSING
+    tie_embeddings: bool = MISSING
+
+
+@dataclass
+class DataSettings:  # configs/data_common.yaml, then each corpus's own keys (configs/data/)
+    name: str = MISSING
+    source: str = MISSING
+    vocab_size: int = MISSING
+    val_fraction: float = MISSING
+    num_proc: int = MISSING
+    cache_dir: str = MISSING
+    path: Any = None  # data=text: a file, a glob or a list of them
+    repo: Optional[str] = None  # Hub corpora: the dataset, its pinned revision, its files and split
+    revision: Optional[str] = None
+    data_files: Optional[dict[str, str]] = None
+    split: Optional[str] = None
+
+
+@dataclass
+class WandbSettings:
+    mode: Optional[str] = None
+    project: str = MISSING
+    group: Optional[str] = None
+    name: Optional[str] = None
+
+
+@dataclass
+class Settings:
+    train: TrainSettings = field(default_factory=TrainSettings)
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    wandb: WandbSettings = field(default_factory=WandbSettings)
+    variant: Optional[str] = None  # +experiment=ablation: the swapped component's name
+
+
+ConfigStore.instance().store(name="schema", node=Settings)
+
+
+def compose_config(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
+    """configs/config.yaml with these command-line overrides, as train.py would see it."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+
+def check_command_line(argv: list[str]) -> None:
+    """Composes the config from these overrides as @hydra.main will, so that a mistyped key or value or
+    an unknown group option (attention=foo) is one `error:` line and exit 2 rather than Hydra's
+    multi-line message and exit 1. Hydra's own flags (-m, --cfg, --help, ...) are left to Hydra."""
+    if any(arg.startswith("-") for arg in argv):
+        return
+    try:
+        compose_config(argv)
+    except (HydraException, OmegaConfBaseException) as err:
+        message = str(err).split("Config search path")[0]  # without Hydra's search path
+        if isinstance(err.__cause__, OmegaConfBaseException):  # the schema's reason, e.g. "could not be converted to Float"
+            message += ": " + str(err.__cause__).splitlines()[0]
+        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+        sys.exit(2)
