@@ -30,7 +30,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from data.files import atomic_write
+from storage.files import atomic_write
 from training.tracking import write_json
 
 NOT_COMPARED = ("wandb",)  # config nodes that change how a run is logged, not what it trains
@@ -99,7 +99,8 @@ def load_run(run_dir: Path) -> Run:
             problem = f"stopped: {summary['stop_reason']}"
         elif not any("val_bpb" in m for m in metrics):
             problem = "no val_bpb in metrics.jsonl"
-        elif max_steps is not None and metrics[-1].get("step", 0) < max_steps:
+        elif (max_steps is not None and metrics[-1].get("step", 0) < max_steps
+              and summary.get("ended_by") != "time_budget"):
             problem = f"stopped at step {metrics[-1].get('step')} of train.max_steps={max_steps}"
     return Run(run_dir, config, metrics, summary, problem)
 

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from model.checkpoint import CheckpointError, atomic_dir, load_checkpoint
-from model.hf_interop import InteropError, check_vocab, hf_config, hf_state_dict, hf_tokenizer_config
+from interop.hf_llama import InteropError, check_vocab, hf_config, hf_state_dict, hf_tokenizer_config
+from storage.checkpoint import CheckpointError, load_checkpoint
+from storage.files import atomic_dir
 
 
 class ExportError(ValueError):

@@ -12,24 +12,16 @@ import sys
 
 import torch
 
+from cli import Parser, UsageError
 from data.tokenizer import Tokenizer
-from model.checkpoint import CheckpointError, load_checkpoint
-from model.engine import Engine, SamplingError, check_sampling
+from generation.engine import Engine, SamplingError, check_sampling, compiled_decoder
+from storage.checkpoint import CheckpointError, load_checkpoint
 
 MAX_NUM_SAMPLES = 1024
 
 
-class UsageError(Exception):
-    """Bad command-line input; main prints it as one `error: ...` line and exits 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line naming the flag, instead of argparse's usage block
-        raise UsageError(message)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = _Parser(description="Generate text from a nanollama checkpoint.")
+    parser = Parser(description="Generate text from a nanollama checkpoint.")
     parser.add_argument("--ckpt", required=True, help="a run dir or its ckpt/ dir")
     parser.add_argument("--prompt", default="", help="text after BOS (default: BOS only)")
     parser.add_argument("--max-new-tokens", type=int, default=200)
@@ -97,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: corrupt tokenizer {ckpt_dir / 'tokenizer.model'}: {e}", file=sys.stderr)
         return 2
 
-    engine = Engine(model, tokenizer, compile=args.compile)
+    engine = Engine(model, tokenizer)
+    if args.compile:
+        print(f"torch.compile of the decode step: {compiled_decoder(engine, args.num_samples):.1f} s", file=sys.stderr)
     prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
     samples = [list(prompt) for _ in range(args.num_samples)]
     steps = engine.generate([prompt] * args.num_samples, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,

@@ -24,9 +24,9 @@ import datasets
 import numpy as np
 from tqdm import tqdm
 
-from data.files import atomic_write, remove_dead_temporaries, sha256
 from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
+from storage.files import atomic_write, remove_dead_temporaries, sha256
 
 CACHE_FORMAT = 2
 REQUIRED_SETTINGS = ("name", "source", "vocab_size", "val_fraction", "cache_dir", "num_proc")

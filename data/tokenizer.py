@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from data.files import atomic_write
+from storage.files import atomic_write
 
 UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 TRAINER_SETTINGS = dict(

@@ -1,20 +1,12 @@
-"""nanollama's model: one file per concept.
+"""nanollama's model: the architecture, one file per concept.
 
-norms.py (RMSNorm / LayerNorm), positions.py (RoPE / sinusoidal / learned), attention.py
-(MHA / GQA / MQA), ffn.py (SwiGLU / ReLU / GELU), block.py (Pre- / Post-Norm),
-transformer.py (the whole LM), kv_cache.py (the preallocated cache and its memory estimator),
-config.py (the switches), checkpoint.py (save / load), engine.py (generation), hf_interop.py
-(transformers' LLaMA).
+config.py (the switches and sizes), norms.py (RMSNorm / LayerNorm), positions.py (RoPE / sinusoidal /
+learned), attention.py (MHA / GQA / MQA), ffn.py (SwiGLU / ReLU / GELU), block.py (Pre- / Post-Norm),
+transformer.py (the whole LM), kv_cache.py (the preallocated cache). Generation, checkpoints and
+transformers interop use it from outside: generation/, storage/, interop/.
 """
-import importlib
+from model.config import ConfigError, ModelConfig
+from model.kv_cache import KVCache
+from model.transformer import Transformer
 
-_EXPORTS = {"ConfigError": "model.config", "ModelConfig": "model.config", "KVCache": "model.kv_cache",
-            "Transformer": "model.transformer"}
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name):
-    # Lazy, so `python -m model.kv_cache` runs the module fresh instead of after an eager import.
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'model' has no attribute {name!r}")
+__all__ = ["ConfigError", "ModelConfig", "KVCache", "Transformer"]

@@ -16,7 +16,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.kv_cache import KVCache
-from model.linear import Linear
 from model.positions import Rotary
 
 
@@ -28,8 +27,8 @@ class Attention(nn.Module):
         self.head_dim = d_model // n_heads
         self.layer = layer  # index into the KV cache
         # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv].
-        self.qkv = Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
-        self.out = Linear(d_model, d_model, bias=bias)
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.out = nn.Linear(d_model, d_model, bias=bias)
         self.rotary = rotary
         self.dropout = dropout
 

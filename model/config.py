@@ -8,9 +8,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from model.ffn import hidden_width
+
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
+ATTENTIONS = ("gqa", "mha", "mqa")  # the K/V heads: n_kv_heads of them; mha: n_heads; mqa: 1
 FFNS = ("swiglu", "relu", "gelu")
 
 
@@ -33,8 +36,9 @@ class ModelConfig:
     norm: str = "rmsnorm"
     norm_position: str = "pre"
     position: str = "rope"
+    attention: str = "gqa"  # a checkpoint from before this field loads as gqa, which allows any n_kv_heads
     ffn: str = "swiglu"
-    ffn_multiple_of: int = 32  # SwiGLU's d_ff = 8/3 * d_model, rounded up to this multiple
+    ffn_multiple_of: int = 32  # SwiGLU's d_ff (model/ffn.py) is rounded up to this multiple
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     dropout: float = 0.0
@@ -50,10 +54,8 @@ class ModelConfig:
 
     @property
     def d_ff(self) -> int:
-        if self.ffn == "swiglu":
-            # Three matrices instead of two: 8/3 * d keeps the parameter count of a 4 * d ReLU FFN.
-            return self.ffn_multiple_of * math.ceil(8 * self.d_model / 3 / self.ffn_multiple_of)
-        return 4 * self.d_model
+        return hidden_width(self.ffn, self.d_model, self.ffn_multiple_of)
+
 
     def validate(self) -> None:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",
@@ -61,14 +63,18 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
-        for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS),
-                             ("position", POSITIONS), ("ffn", FFNS)):
+        for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
+                             ("attention", ATTENTIONS), ("ffn", FFNS)):
             if getattr(self, key) not in options:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be one of {', '.join(options)}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
+        expected = {"mha": self.n_heads, "mqa": 1}.get(self.attention, self.n_kv_heads)
+        if self.n_kv_heads != expected:
+            raise ConfigError(f"model.attention={self.attention} has {expected} K/V heads, not "
+                              f"model.n_kv_heads={self.n_kv_heads}; use attention=gqa for another number")
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -90,13 +96,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
-        """Build from a dict (a checkpoint's JSON or Hydra's `model` node), ignoring unknown keys
-        such as the attention option's name, which n_kv_heads already encodes."""
+        """Build from a dict (a checkpoint's JSON or Hydra's `model` node), ignoring keys that are not
+        the model's, such as the preset's name."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
-
-    @property
-    def attention(self) -> str:
-        if self.n_kv_heads == self.n_heads:
-            return "mha"
-        return "mqa" if self.n_kv_heads == 1 else "gqa"

@@ -5,15 +5,23 @@ ReLU (2017):     FFN(x) = ReLU(x W1) W2                  W1: [d, d_ff], W2: [d_f
 GELU (GPT-2):    FFN(x) = GELU(x W1) W2
 
 The gated form has three matrices, so 8/3 d keeps the parameter count of the 4 d ungated one:
-3 * d * 8/3 d = 2 * d * 4 d = 8 d^2.
+3 * d * 8/3 d = 2 * d * 4 d = 8 d^2 (hidden_width rounds it up to a multiple of model.ffn_multiple_of).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.linear import Linear
 
 ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu}
+
+
+def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:
+    """d_ff: 8/3 d rounded up to a multiple of multiple_of for the gated SwiGLU, 4 d otherwise."""
+    if kind == "swiglu":
+        return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+    return 4 * d_model
 
 
 class FeedForward(nn.Module):
@@ -22,8 +30,8 @@ class FeedForward(nn.Module):
         self.gated = kind == "swiglu"
         self.activation = ACTIVATIONS[kind]
         # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split.
-        self.w_in = Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
-        self.w_out = Linear(d_ff, d_model, bias=bias)
+        self.w_in = nn.Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
+        self.w_out = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)

@@ -16,7 +16,6 @@ from torch import nn
 from model.block import Block
 from model.config import ModelConfig
 from model.kv_cache import KVCache
-from model.linear import Linear
 from model.norms import make_norm
 from model.positions import AbsolutePositions, Rotary
 
@@ -34,7 +33,7 @@ class Transformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))
         # Post-Norm blocks already end in a norm; Pre-Norm leaves the residual stream unnormalised.
         self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None
-        self.lm_head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
@@ -43,10 +42,6 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("attn.out.weight", "ffn.w_out.weight")):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
-        # Column-major matmul weights for fast decoding (model/linear.py); after tying, so the LM head's too.
-        for module in self.modules():
-            if isinstance(module, Linear):
-                module.store_column_major()
 
     @staticmethod
     def _init_weights(module: nn.Module):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Matmuls this small gain nothing from a second thread, and on a busy CPU handing each of
     thousands of them to the thread pool costs more than the work (test_model's 144-combination test:
@@ -12,3 +12,4 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+

@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, LlamaForCausalLM
 
+from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 import export
 import generate
-from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
-from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from generation.engine import Engine
 from model.config import ModelConfig
-from model.engine import Engine
 from model.transformer import Transformer
+from storage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
 VOCAB = 300
 PROMPT = "to be or not"

@@ -1,14 +1,15 @@
-"""model/kv_cache.py: the cache's allocation against the formula, in-place writes, and the memory
-estimator against the chapter's LLaMA-2-7B table."""
+"""The KV cache (model/kv_cache.py): its allocation against the formula and its in-place writes; the memory
+estimator (generation/kv_memory.py) against the chapter's LLaMA-2-7B table."""
 import json
 
 import pytest
 import torch
 
+from cli import UsageError
 from data.tokenizer import train_tokenizer
+from generation.kv_memory import estimate, kv_cache_bytes, kv_projections, main
 from model import KVCache, ModelConfig, Transformer
-from model.checkpoint import save_checkpoint
-from model.kv_cache import EstimatorError, estimate, kv_cache_bytes, kv_projections, main
+from storage.checkpoint import save_checkpoint
 
 LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", "fp16"]
 
@@ -103,8 +104,8 @@ def test_estimator_bad_input_gets_one_line_and_exit_2(argv, message, capsys):
 def test_estimator_rejects_a_file_that_is_not_a_model_config(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"hidden_size": 64}))
-    with pytest.raises(EstimatorError, match="not a transformers model config, missing 'num_attention_heads'"):
+    with pytest.raises(UsageError, match="not a transformers model config, missing 'num_attention_heads'"):
         estimate(["--hf-config", str(path)])
     path.write_text("{oops")
-    with pytest.raises(EstimatorError, match="not JSON"):
+    with pytest.raises(UsageError, match="not JSON"):
         estimate(["--hf-config", str(path)])

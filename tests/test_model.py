@@ -10,12 +10,11 @@ import torch.nn.functional as F
 from pytest import approx
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from interop.hf_llama import hf_config, hf_state_dict
 from model import ConfigError, ModelConfig, Transformer
 from model.attention import Attention
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
 from model.ffn import FeedForward
-from model.hf_interop import hf_config, hf_state_dict
-from model.linear import SPLIT_MAX_ROWS, Linear
 from model.norms import RMSNorm, make_norm
 from model.positions import Rotary
 
@@ -227,77 +226,3 @@ def test_logits_equal_transformers_llama(n_kv_heads, tie_embeddings, attn_implem
             logits, expected = ours(tokens), theirs(tokens).logits
         assert expected.std() > 0.5  # the tolerance below is small relative to the logits
         assert (logits - expected).abs().max().item() <= 1e-5, seq
-
-
-# --- model/linear.py: the decode-time matmul -------------------------------------------------
-
-@pytest.fixture
-def threads():
-    """Sets torch's thread count for one test (conftest runs tests on one thread)."""
-    before = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(before)
-
-
-def column_major_linear(inp: int, out: int, bias: bool) -> Linear:
-    layer = Linear(inp, out, bias=bias)
-    layer.store_column_major()
-    assert layer.weight.shape == (out, inp) and layer.weight.stride() == (1, out)
-    return layer
-
-
-@pytest.mark.parametrize("n_threads", [2, 3])
-@pytest.mark.parametrize("bias", [False, True])
-def test_split_matmul_equals_f_linear_on_llama_tiny_shapes(threads, n_threads, bias):
-    """The same dot products, but the CPU's kernels may sum a narrow column block in another order than the
-    whole matrix (bit-identical on the AMD EPYC this was written on, not on an Intel Xeon): fp32 sums of at most
-    704 terms of size ~1 agree to well within 1e-5, and a wrong block or offset would be off by O(1)."""
-    threads(n_threads)
-    torch.manual_seed(0)
-    # qkv, out, [W1; W3], W2 and the LM head of llama_tiny (d 256, d_ff 704, vocab 4096), whose widths split evenly
-    for inp, out in [(256, 384), (256, 256), (256, 1408), (704, 256), (256, 4096)]:
-        layer = column_major_linear(inp, out, bias)
-        # decode's [B, 1, in], a prefill's [B, T, in], one vector, and 3 rows that are not contiguous
-        for x in [torch.randn(1, 1, inp), torch.randn(8, 1, inp), torch.randn(3, 5, inp), torch.randn(inp),
-                  torch.randn(inp, 3).t()]:
-            with torch.no_grad():
-                torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5,
-                                           msg=lambda m: f"{(inp, out, tuple(x.shape))}: {m}")
-
-
-def test_split_matmul_is_taken_only_where_it_pays(threads, monkeypatch):
-    calls = []
-    monkeypatch.setattr("model.linear.split_matmul",
-                        lambda x, w, b, splits: calls.append(splits) or F.linear(x, w, b))
-    layer, odd = column_major_linear(64, 12, bias=True), column_major_linear(64, 7, bias=False)
-    one_row, many_rows = torch.randn(1, 1, 64), torch.randn(SPLIT_MAX_ROWS + 1, 64)
-
-    def split_used(layer, x, grad=False):
-        calls.clear()
-        with torch.set_grad_enabled(grad):
-            y = layer(x)
-        torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=0, atol=1e-6)
-        return bool(calls)
-    threads(2)
-    assert split_used(layer, one_row) and calls == [2]
-    assert split_used(layer, many_rows[:SPLIT_MAX_ROWS])
-    assert not split_used(layer, many_rows)  # more rows: MKL uses the threads itself
-    assert not split_used(layer, one_row, grad=True)  # training keeps F.linear and its backward
-    assert not split_used(odd, one_row)  # 7 columns do not split in 2
-    assert not split_used(Linear(64, 12), one_row)  # a row-major weight has no column blocks to view
-    threads(1)
-    assert not split_used(layer, one_row)
-
-
-def test_split_matmul_in_a_decode_step_equals_recomputation(threads):
-    threads(2)
-    model = Transformer(ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                    context_length=32, bias=True)).eval()
-    tokens = torch.randint(256, (3, 9))
-    with torch.no_grad():
-        full = model(tokens)
-        cache = model.new_kv_cache(3, 9)
-        model(tokens[:, :8], 0, cache)
-        step = model(tokens[:, 8:], 8, cache)  # 3 rows: the split path
-    torch.testing.assert_close(step[:, -1], full[:, -1], rtol=0, atol=1e-5)
-

@@ -128,7 +128,7 @@ def test_a_damaged_checkpoint_is_refused_by_every_load_and_left_as_it_is(copy, t
 
 
 def test_saving_non_finite_weights_is_refused(trained, tmp_path):
-    from model.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from storage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 
     model, ckpt = load_checkpoint(trained)
     with torch.no_grad():
@@ -188,6 +188,8 @@ def test_a_write_that_fails_is_one_line_and_keeps_the_previous_checkpoint(copy, 
     ("train.seed=-1", "train.seed=-1 must be an integer >= 0"),
     ("train.betas=[2,3]", "train.betas=[2.0, 3.0] must be two numbers in [0, 1)"),
     ("model.context_length=1", "model.context_length=1 must be >= 2"),
+    ("train.micro_batch_size=3", "train.batch_size=8 must be a multiple of 1 processes x train.micro_batch_size=3; "
+                                 "set train.micro_batch_size to one of 1, 2, 4, 8, or null to choose"),
     ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mqa"),
 ])
 def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message):

@@ -20,9 +20,10 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     corpus = write_corpus(root / "corpus.txt")
     overrides = ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={root / 'cache'}",
-                 "data.num_proc=1", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.gqa_kv_heads=1",
-                 "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.max_steps=6",
-                 "train.warmup_steps=2", "train.eval_interval=3", "train.eval_batches=2", "wandb.mode=disabled"]
+                 "data.num_proc=1", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
+                 "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.max_steps=6", "train.time_budget=null",
+                 "train.warmup_steps=2", "train.eval_interval=3", "train.eval_batches=2", "wandb.mode=disabled",
+                 f"latest_link={root / 'latest'}"]
     out = root / "study"
     args = ["--out", str(out), "--variants", "baseline", "postnorm", "--probe", "postnorm", "--lrs", *map(str, LRS),
             "--seeds", "2", "--widen", "0", "--jobs", "2", *overrides]

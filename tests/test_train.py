@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from data_helpers import TRAIN_ENV, run_train as train, tiny_run
-from model.checkpoint import load_checkpoint
+from storage.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8

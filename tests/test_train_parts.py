@@ -5,13 +5,13 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from model.checkpoint import CheckpointError
 from model.config import ConfigError, ModelConfig
 from model.transformer import Transformer
+from storage.checkpoint import CheckpointError
 from training.config import check_train_config
 from training.optim import lr_at, make_optimizer
-from training.state import checkpoint_to_resume
 from training.settings import CONFIG_DIR
+from training.state import checkpoint_to_resume
 from training.tracking import default_run_name, keep_metrics_up_to, wandb_mode
 
 TRAIN = OmegaConf.load(CONFIG_DIR / "config.yaml").train
@@ -63,7 +63,13 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     ({"batch_size": 16, "micro_batch_size": 4}, 1, None),
     ({"batch_size": 16, "micro_batch_size": 4}, 2, None),
     ({"batch_size": 12, "micro_batch_size": 4}, 2, "train.batch_size=12 must be a multiple of 2 processes x "
-                                                   "train.micro_batch_size=4"),
+                                                   "train.micro_batch_size=4; set train.micro_batch_size to one of "
+                                                   "1, 2, 3, 6, or null to choose"),
+    ({"batch_size": 5}, 2, "train.batch_size=5 must be a multiple of the 2 processes"),
+    ({"max_steps": None, "time_budget": None}, 1,
+     "train.max_steps=null needs a train.time_budget: a run must end by steps or by time"),
+    ({"time_budget": "10 minutes"}, 1, "train.time_budget='10 minutes' must be seconds (600) or a duration like "
+                                       "10m, 1h30m, 2m30s"),
     ({"max_steps": 0}, 1, "train.max_steps=0 must be a positive integer"),
     ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be a number in [0, train.lr=0.01]"),
     ({"warmup_steps": -1}, 1, "train.warmup_steps=-1 must be an integer >= 0"),
@@ -71,12 +77,19 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
 def test_train_settings_checks(changes, world_size, message):
     train = train_settings(**changes)
     if message is None:
-        per_step = world_size * changes["micro_batch_size"]
-        assert check_train_config(train, world_size) == changes["batch_size"] // per_step
+        micro = changes["micro_batch_size"]
+        assert check_train_config(train, world_size) == (micro, changes["batch_size"] // (world_size * micro))
     else:
         with pytest.raises(ConfigError) as e:
             check_train_config(train, world_size)
         assert str(e.value) == message
+
+
+@pytest.mark.parametrize("batch_size, world_size, micro, accumulation", [
+    (16, 1, 16, 1), (4, 1, 4, 1), (64, 1, 16, 4), (24, 1, 12, 2), (48, 2, 12, 2), (17, 1, 1, 17), (32, 4, 8, 1)])
+def test_a_null_micro_batch_is_the_largest_divisor_up_to_the_maximum(batch_size, world_size, micro, accumulation):
+    train = train_settings(batch_size=batch_size, micro_batch_size=None)
+    assert check_train_config(train, world_size) == (micro, accumulation)
 
 
 @pytest.mark.parametrize("choices, name", [

@@ -7,6 +7,8 @@ step, whatever the number of processes, so
     accumulation_steps = batch_size / (world_size * micro_batch_size)
 
 and each process runs that many forward/backward passes of micro_batch_size sequences per step.
+train.micro_batch_size=null (the default) picks the largest divisor of batch_size / world_size that is
+at most MAX_MICRO_BATCH sequences, so any batch size trains.
 """
 import math
 from contextlib import AbstractContextManager, nullcontext
@@ -15,17 +17,27 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from model.config import ConfigError, ModelConfig
+from training.budget import parse_duration
 
-POSITIVE_INTS = ("max_steps", "batch_size", "micro_batch_size", "lr_decay_steps", "eval_interval",
-                 "eval_batches", "log_interval", "ckpt_interval", "sample_interval", "sample_tokens")
+POSITIVE_INTS = ("batch_size", "eval_interval", "eval_batches", "log_interval", "ckpt_interval",
+                 "sample_interval", "sample_tokens")
+MAX_MICRO_BATCH = 16  # sequences per forward/backward per process when train.micro_batch_size=null
 
 
-def check_train_config(train: DictConfig, world_size: int) -> int:
+def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
     """The ranges of train.* (their types the schema has checked, training/settings.py). Returns the
-    gradient accumulation steps per optimizer step."""
+    micro-batch size and the gradient accumulation steps per optimizer step."""
     for key in POSITIVE_INTS:
         if train[key] <= 0:
             raise ConfigError(f"train.{key}={train[key]} must be a positive integer")
+    budget = parse_duration(train.time_budget)
+    for key in ("max_steps", "lr_decay_steps"):
+        if train[key] is None and budget is None:
+            raise ConfigError(f"train.{key}=null needs a train.time_budget: a run must end by steps or by time")
+        if train[key] is not None and train[key] <= 0:
+            raise ConfigError(f"train.{key}={train[key]} must be a positive integer")
+    if not 0 <= train.warmup_fraction < 1:
+        raise ConfigError(f"train.warmup_fraction={train.warmup_fraction} must be a number in [0, 1)")
     if not 0 < train.lr < math.inf:
         raise ConfigError(f"train.lr={train.lr} must be a positive number")
     if not 0 <= train.min_lr <= train.lr:
@@ -40,11 +52,18 @@ def check_train_config(train: DictConfig, world_size: int) -> int:
         raise ConfigError(f"train.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     if train.seed < 0:
         raise ConfigError(f"train.seed={train.seed} must be an integer >= 0")
-    per_step = world_size * train.micro_batch_size
-    if train.batch_size % per_step:
+    if train.batch_size % world_size:
+        raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of the {world_size} processes")
+    per_process = train.batch_size // world_size
+    micro = train.micro_batch_size
+    if micro is None:
+        micro = max(d for d in range(1, min(per_process, MAX_MICRO_BATCH) + 1) if per_process % d == 0)
+    elif micro <= 0 or per_process % micro:
+        fits = [d for d in range(1, per_process + 1) if per_process % d == 0]
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of {world_size} processes x "
-                          f"train.micro_batch_size={train.micro_batch_size}")
-    return train.batch_size // per_step
+                          f"train.micro_batch_size={micro}; set train.micro_batch_size to one of "
+                          f"{', '.join(map(str, fits))}, or null to choose")
+    return micro, per_process // micro
 
 
 def model_config(cfg: DictConfig) -> ModelConfig:

@@ -62,3 +62,13 @@ def agree_on_step(ddp: Distributed, loss: torch.Tensor, stop_signal: int) -> tup
     signal = torch.tensor(stop_signal, device=loss.device)
     dist.all_reduce(signal, op=dist.ReduceOp.MAX)
     return loss.item() / ddp.world_size, int(signal.item())
+
+
+def from_master(ddp: Distributed, values: list[float]) -> list[float]:
+    """Rank 0's values on every process: what a time budget decides from rank 0's clock (this step's
+    lr, whether it is the last) must be the same decision everywhere."""
+    if ddp.world_size == 1:
+        return values
+    shared = torch.tensor(values, dtype=torch.float64, device=ddp.device)
+    dist.broadcast(shared, src=0)
+    return shared.tolist()

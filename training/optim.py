@@ -5,12 +5,16 @@ token embedding and the LM head tied to it). Not decayed: norm gains and biases,
 the learned position table: pulling them towards 0 would fight their role (a gain of 1, an offset,
 a position signal) without any regularising benefit.
 
-Schedule (step counts optimizer steps from 0):
-    warm-up   step < W:           lr * (step + 1) / W
-    cosine    W <= step < S:      min_lr + (lr - min_lr) * (1 + cos(pi * (step - W) / (S - W))) / 2
-    floor     step >= S:          min_lr
-with W = train.warmup_steps and S = train.lr_decay_steps (train.max_steps unless set). The
-schedule is a function of the step alone, so the step is all a resumed run needs to continue it.
+The schedule is one shape over the fraction f of the run done before a step (warm-up fraction w,
+and s the fraction one step takes):
+    warm-up   f < w:      lr * min(1, (f + s) / w)
+    cosine    w <= f < 1: min_lr + (lr - min_lr) * (1 + cos(pi * (f - w) / (1 - w))) / 2
+    floor     f >= 1:     min_lr
+A run counted in steps (lr_at) has f = step / S, s = 1 / S and w = W / S, with W = train.warmup_steps
+and S = train.lr_decay_steps (train.max_steps unless set): the warm-up is lr * (step + 1) / W. It is
+a function of the step alone, so the step is all a resumed run needs to continue it, bit for bit.
+A run counted in time (train.time_budget, training/budget.py) has f = elapsed / the time left for
+training steps, s = a step's measured time over it, and w = train.warmup_fraction.
 """
 import math
 
@@ -29,10 +33,14 @@ def make_optimizer(model: nn.Module, train: DictConfig) -> torch.optim.AdamW:
 
 
 def lr_at(step: int, train: DictConfig) -> float:
-    warmup, decay_steps = train.warmup_steps, train.lr_decay_steps
-    if step < warmup:
-        return train.lr * (step + 1) / warmup
-    if step >= decay_steps:
+    decay_steps = train.lr_decay_steps
+    return lr_at_fraction(step / decay_steps, 1 / decay_steps, train.warmup_steps / decay_steps, train)
+
+
+def lr_at_fraction(done: float, step: float, warmup: float, train: DictConfig) -> float:
+    if done < warmup:
+        return train.lr * min(1.0, (done + step) / warmup)
+    if done >= 1:
         return train.min_lr
-    progress = (step - warmup) / (decay_steps - warmup)
+    progress = (done - warmup) / (1 - warmup)
     return train.min_lr + (train.lr - train.min_lr) * (1 + math.cos(math.pi * progress)) / 2

@@ -18,17 +18,20 @@ from omegaconf import MISSING, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a bad override, key, value or group option
 
 
 @dataclass
 class TrainSettings:  # the meaning of each key: configs/config.yaml
-    max_steps: int = MISSING
+    time_budget: Optional[str] = MISSING  # seconds or "10m", "1h30m": training/budget.py
+    max_steps: Optional[int] = MISSING
     batch_size: int = MISSING
-    micro_batch_size: int = MISSING
+    micro_batch_size: Optional[int] = MISSING
     lr: float = MISSING
     min_lr: float = MISSING
     warmup_steps: int = MISSING
-    lr_decay_steps: int = MISSING
+    warmup_fraction: float = MISSING
+    lr_decay_steps: Optional[int] = MISSING
     weight_decay: float = MISSING
     betas: list[float] = MISSING
     grad_clip: float = MISSING
@@ -59,7 +62,6 @@ class ModelSettings:  # the groups (norm, position, ...) fill the switches, a pr
     n_layers: int = MISSING
     n_heads: int = MISSING
     n_kv_heads: int = MISSING
-    gqa_kv_heads: Optional[int] = None  # what attention=gqa sets n_kv_heads to
     context_length: int = MISSING
     ffn_multiple_of: int = MISSING
     rope_base: float = MISSING
@@ -98,6 +100,7 @@ class Settings:
     model: ModelSettings = field(default_factory=ModelSettings)
     data: DataSettings = field(default_factory=DataSettings)
     wandb: WandbSettings = field(default_factory=WandbSettings)
+    latest_link: Optional[str] = None  # a symlink to the newest run dir
     variant: Optional[str] = None  # +experiment=ablation: the swapped component's name
 
 
@@ -118,9 +121,15 @@ def check_command_line(argv: list[str]) -> None:
         return
     try:
         compose_config(argv)
-    except (HydraException, OmegaConfBaseException) as err:
-        message = str(err).split("Config search path")[0]  # without Hydra's search path
-        if isinstance(err.__cause__, OmegaConfBaseException):  # the schema's reason, e.g. "could not be converted to Float"
-            message += ": " + str(err.__cause__).splitlines()[0]
-        print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    except COMPOSITION_ERRORS as err:
+        print(f"error: {composition_error(err)}", file=sys.stderr)
         sys.exit(2)
+
+
+def composition_error(err: Exception) -> str:
+    """A composition error as one line: Hydra's message without its search path, and the schema's reason
+    (e.g. "Value 'abc' of type 'str' could not be converted to Float") when there is one."""
+    message = str(err).split("Config search path")[0]
+    if isinstance(err.__cause__, OmegaConfBaseException):
+        message += ": " + str(err.__cause__).splitlines()[0]
+    return " ".join(message.split())

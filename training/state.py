@@ -1,4 +1,4 @@
-"""Checkpoints that training can resume from: model/checkpoint.py's directory plus train_state.pt.
+"""Checkpoints that training can resume from: storage/checkpoint.py's directory plus train_state.pt.
 
     train_state.pt = {"progress": {step, tokens, elapsed_s, best_val_loss, last_val, wandb_id},
                       "optimizer": AdamW state, "rng": {"torch": CPU state, "cuda": [per-device states]}}
@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.files import write_bytes
-from model.checkpoint import CheckpointError, load_checkpoint, resolve_ckpt_dir, save_checkpoint
 from model.config import ConfigError
 from model.transformer import Transformer
+from storage.checkpoint import CheckpointError, load_checkpoint, resolve_ckpt_dir, save_checkpoint
+from storage.files import write_bytes
 
 STATE_FILE = "train_state.pt"
 

@@ -17,8 +17,8 @@ from urllib.parse import urlparse
 
 from omegaconf import DictConfig, OmegaConf
 
-from data.files import atomic_write
 from model.config import ConfigError
+from storage.files import atomic_write
 from training.settings import CONFIG_DIR
 
 WANDB_MODES = ("online", "offline", "disabled")

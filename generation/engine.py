@@ -5,8 +5,10 @@
       cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
       uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
     cache k, v: [n_layers, B, n_kv_heads, max_len, head_dim], max_len = min(context_length, P + max_new_tokens - 1),
-    allocated once per generation and written in place (the last new token is never fed back; a compiled
-    engine allocates one spare position, see _run).
+    allocated once per generation and written in place (the last new token is never fed back).
+
+The cached one-token steps can go through a `decoder` the caller gives (e.g. torch.compile of the model,
+see generate.py --compile); the caller warms it up and times that, the engine only runs it.
 
 Sampling: temperature 0 is greedy argmax. Otherwise softmax(logits / temperature), restricted to the
 top_k largest logits (every logit tied with the k-th is kept) and then to the top_p nucleus: the
@@ -38,9 +40,6 @@ from model.kv_cache import KVCache
 from model.transformer import Transformer
 
 MAX_NEW_TOKENS = 1_000_000
-# torch.compile specialises an integer argument equal to 1 (as it does sizes of 1), so a decode step at
-# position 1 (after a BOS-only prompt) runs eagerly and one compiled graph serves every later position.
-COMPILED_FROM = 2
 
 
 class SamplingError(ValueError):
@@ -100,10 +99,6 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     cache_bytes: int = 0
-    # Engine(compile=True): the run's first cached decode step, where torch.compile compiles (or finds) its graph;
-    # its time and tokens are kept out of decode_s and the decode rate.
-    compile_s: float = 0.0
-    compile_tokens: int = 0
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -111,23 +106,20 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        return (self.generated_tokens - self.compile_tokens) / self.decode_s if self.decode_s else 0.0
+        return self.generated_tokens / self.decode_s if self.decode_s else 0.0
 
     def __str__(self) -> str:
-        compiled = f" | torch.compile + first decode step {self.compile_s:.1f} s" if self.compile_s else ""
         return (f"prompt tokens {self.prompt_tokens} | generated tokens {self.generated_tokens} | "
                 f"prefill {self.prefill_tokens_per_s:,.0f} tokens/s | decode {self.decode_tokens_per_s:,.0f} tokens/s | "
-                f"KV cache {self.cache_bytes:,} bytes{compiled}")
+                f"KV cache {self.cache_bytes:,} bytes")
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer=None, compile: bool = False):
-        """compile: run the decode steps (one token per sample, with the cache) through torch.compile, which fuses
-        their small ops. Dynamic shapes: one graph for every position, one for batch 1 and one for larger batches,
-        each compiled at its first use (15-21 s on 2 CPU cores in bench.py, seconds from torch's cache later);
-        the prompt's prefill stays eager. Worth it only for long generations: see README's Performance."""
+    def __init__(self, model: Transformer, tokenizer=None, decoder=None):
+        """decoder: what runs the cached one-token steps, called as the model is (default: the model itself),
+        e.g. torch.compile(model, dynamic=True); the prompt's prefill and the slides stay on the model."""
         self.model = model
-        self.decoder = torch.compile(model, dynamic=True, fullgraph=True) if compile else model
+        self.decoder = model if decoder is None else decoder
         self.tokenizer = tokenizer  # needed by complete() only
         self.stats = GenerationStats()  # of the latest run, updated as it goes
 
@@ -170,9 +162,7 @@ class Engine:
         window = torch.empty(batch, context + 1, dtype=torch.long, device=prompt.device)
         window[:, :prompt_len] = prompt
         n = prompt_len
-        # Compiled, one spare position: a step whose keys fill the cache exactly would need a graph of its own.
-        spare = int(self.decoder is not model)
-        cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1 + spare)) if use_cache else None
+        cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1)) if use_cache else None
         self.stats = stats = GenerationStats(prompt_tokens=batch * prompt_len,
                                              cache_bytes=cache.nbytes if cache is not None else 0)
         ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
@@ -183,9 +173,7 @@ class Engine:
             logits = self._forward(window[:, :n], 0, cache)
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
-            compiled = False  # whether this run has been through its compiled graph yet
             for step in range(max_new_tokens):
-                compiling = False  # this step is the run's first through the compiled graph
                 if step:
                     window[:, n] = next_id
                     n += 1
@@ -195,11 +183,8 @@ class Engine:
                         logits = self._forward(window[:, :n], 0, cache)
                     elif cache is None:  # the O(n^2) path the cache removes: recompute the whole prefix
                         logits = self._forward(window[:, :n], 0, None)
-                    else:
-                        decoder = self.decoder if n - 1 >= COMPILED_FROM else model
-                        compiling = decoder is not model and not compiled
-                        compiled |= compiling
-                        logits = self._forward(next_id[:, None], n - 1, cache, decoder)  # reads and extends the cache
+                    else:  # reads and extends the cache
+                        logits = self._forward(next_id[:, None], n - 1, cache, self.decoder)
                 next_id = pick(logits)
                 new_tokens = batch if eos_id is None else batch - int(ended.sum())
                 stats.generated_tokens += new_tokens
@@ -207,10 +192,7 @@ class Engine:
                     next_id = next_id.masked_fill(ended, eos_id)
                     ended |= next_id == eos_id
                 finished = eos_id is not None and bool(ended.all())
-                if compiling:
-                    stats.compile_s, stats.compile_tokens = self._elapsed(clock), new_tokens
-                else:
-                    stats.decode_s += self._elapsed(clock)
+                stats.decode_s += self._elapsed(clock)
                 yield next_id
                 if finished:
                     return
@@ -220,10 +202,23 @@ class Engine:
 
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:
         """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V];
-        model: the eager model (default) or its compiled form."""
+        model: the model (default) or the decoder."""
         return (self.model if model is None else model)(tokens, start, cache, last_only=True)[:, -1]
 
     def _elapsed(self, since: float) -> float:
         if self.model.tok_emb.weight.is_cuda:  # kernels run asynchronously; wait for them before reading the clock
             torch.cuda.synchronize()
         return time.perf_counter() - since
+
+
+def compiled_decoder(engine: Engine, batch: int) -> float:
+    """Gives the engine a torch.compile'd decoder (dynamic shapes: one graph serves every position) and
+    compiles it on a throwaway generation of this batch size, so the run that follows only reuses its
+    graphs; returns the seconds that took (on 2 CPU cores 15-21 s cold, seconds from torch's cache)."""
+    engine.decoder = torch.compile(engine.model, dynamic=True, fullgraph=True)
+    clock = time.perf_counter()
+    # Positions 1, 2 and 3: torch.compile specialises an integer equal to 1, so position 1 (after a
+    # one-token prompt) has a graph of its own, and the last step fills the cache exactly.
+    for _ in engine.generate([[0]] * batch, 4, temperature=0):
+        pass
+    return time.perf_counter() - clock

@@ -12,7 +12,7 @@ config, the tokenizer's size against model.vocab_size) and refuses non-finite we
 never saved either. Each refusal is a CheckpointError naming the file and both values.
 
 load_checkpoint also reads a transformers LLaMA directory (config.json with model_type "llama",
-model.safetensors or its shards, tokenizer.model), through model/hf_interop.py.
+model.safetensors or its shards, tokenizer.model), through interop/hf_llama.py.
 
 The directory is written next to its final place and renamed into it, so a kill at any
 moment leaves either the previous checkpoint or the new one, never a mix.
@@ -20,18 +20,16 @@ moment leaves either the previous checkpoint or the new one, never a mix.
 from __future__ import annotations
 
 import json
-import shutil
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from safetensors.torch import load, save
 
-from data.files import sha256, write_bytes
+from interop.hf_llama import InteropError, check_vocab, load_hf_state_dict, model_config_from_hf, read_hf_weights
 from model.config import ConfigError, ModelConfig
-from model.hf_interop import InteropError, check_vocab, load_hf_state_dict, model_config_from_hf, read_hf_weights
 from model.transformer import Transformer
+from storage.files import atomic_dir, sha256, write_bytes
 
 FORMAT_VERSION = 2
 
@@ -51,25 +49,6 @@ def resolve_ckpt_dir(path: str | Path) -> Path:
         if (old / "config.json").is_file() and not candidate.exists():
             return old
     raise CheckpointError(f"no checkpoint at {path}: expected {path}/config.json or {path}/ckpt/config.json")
-
-
-@contextmanager
-def atomic_dir(final_dir: str | Path) -> Iterator[Path]:
-    """Yields an empty sibling directory to fill; when the block succeeds it replaces final_dir."""
-    final_dir = Path(final_dir)
-    tmp, old = final_dir.with_name(final_dir.name + ".tmp"), final_dir.with_name(final_dir.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if final_dir.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        final_dir.rename(old)
-    tmp.rename(final_dir)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:

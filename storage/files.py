@@ -2,7 +2,10 @@
 file or the new one, never half of one. No heavy imports, so every script can use it."""
 import hashlib
 import os
+import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 TMP_MARK = ".tmp-"  # atomic_write's temporary file: <name>.tmp-<pid of the writer>
@@ -46,3 +49,33 @@ def remove_dead_temporaries(folder: Path) -> None:
 def sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def atomic_symlink(link: Path, target: Path) -> None:
+    """Points `link` at `target` (relative to the link's folder, so the pair can move together), in one rename:
+    a reader finds the old target or the new one, never no link."""
+    link = Path(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.with_name(f"{link.name}{TMP_MARK}{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(os.path.relpath(Path(target).resolve(), link.parent.resolve()), tmp)
+    os.replace(tmp, link)
+
+
+@contextmanager
+def atomic_dir(final_dir: str | Path) -> Iterator[Path]:
+    """Yields an empty sibling directory to fill; when the block succeeds it replaces final_dir."""
+    final_dir = Path(final_dir)
+    tmp, old = final_dir.with_name(final_dir.name + ".tmp"), final_dir.with_name(final_dir.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final_dir.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final_dir.rename(old)
+    tmp.rename(final_dir)
+    shutil.rmtree(old, ignore_errors=True)

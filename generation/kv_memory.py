@@ -1,0 +1,120 @@
+"""The KV-cache memory estimator: model/kv_cache.py's formula for any model, no tensors allocated.
+
+    bytes = 2 (K and V) * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
+
+    python -m generation.kv_memory --layers 32 --kv-heads 32 --head-dim 128 --seq 4096 --dtype fp16   # LLaMA-2-7B
+    python -m generation.kv_memory --ckpt outputs/<run>            # this repo's checkpoint (S = its context)
+    python -m generation.kv_memory --hf-config config.json --kv-heads 8   # a transformers config, flags override it
+    python -m generation.kv_memory --new-tokens 4                  # K/V projections with and without a cache
+
+K/V projections count the tokens whose K and V one layer computes. New token i (i = 0 .. n - 1) after a
+P-token prompt needs one forward: without a cache it runs over all P + i tokens so far; with a cache,
+over the P prompt tokens for i = 0 and over the one newest token after that:
+    without: sum_{i=0}^{n-1} (P + i) = nP + n(n - 1)/2     (P = 1: n(n + 1)/2, 10 for n = 4)
+    with:    P + n - 1                                     (P = 1: n, 4 for n = 4)
+"""
+import json
+import sys
+from pathlib import Path
+
+from cli import Parser, UsageError
+
+BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
+                   bytes_per_element: int = 2) -> int:
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
+
+
+def kv_projections(new_tokens: int, prompt_tokens: int = 1) -> tuple[int, int]:
+    """(without a cache, with a cache), per layer; see the module docstring."""
+    without = new_tokens * prompt_tokens + new_tokens * (new_tokens - 1) // 2
+    return without, prompt_tokens + new_tokens - 1
+
+
+def dims_from_hf_config(path: str) -> dict:
+    """num_hidden_layers, num_key_value_heads (default: num_attention_heads), head_dim (default:
+    hidden_size / num_attention_heads) and max_position_embeddings of a transformers config.json."""
+    try:
+        config = json.loads(Path(path).read_text())
+        heads = config["num_attention_heads"]
+        return {"layers": config["num_hidden_layers"],
+                "kv_heads": config.get("num_key_value_heads") or heads,
+                "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+                "seq": config.get("max_position_embeddings")}
+    except OSError as e:
+        raise UsageError(f"--hf-config {path}: cannot read it: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--hf-config {path}: not JSON: {e}") from None
+    except (KeyError, TypeError) as e:
+        raise UsageError(f"--hf-config {path}: not a transformers model config, missing {e}") from None
+
+
+def dims_from_checkpoint(path: str) -> dict:
+    from storage.checkpoint import CheckpointError, load_checkpoint  # imported here: it loads torch
+    try:
+        cfg = load_checkpoint(path)[0].cfg
+    except CheckpointError as e:
+        raise UsageError(f"--ckpt {path}: {e}") from None
+    return {"layers": cfg.n_layers, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "seq": cfg.context_length}
+
+
+def estimate(argv: list[str] | None = None) -> str:
+    """The estimator's report for command-line flags argv; raises UsageError on bad input."""
+    parser = Parser(prog="python -m generation.kv_memory", description=(
+        "KV-cache bytes = 2 * layers * kv_heads * head_dim * seq * batch * bytes_per_element. "
+        "Flags override what --ckpt or --hf-config give."))
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--ckpt", help="a nanollama run dir or ckpt dir")
+    source.add_argument("--hf-config", help="a transformers config.json")
+    for flag in ("--layers", "--kv-heads", "--head-dim", "--seq"):
+        parser.add_argument(flag, type=int)
+    parser.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
+    parser.add_argument("--dtype", choices=BYTES_PER_ELEMENT, default="fp16", help="default fp16")
+    parser.add_argument("--new-tokens", type=int, help="also count K/V projections for this many new tokens")
+    parser.add_argument("--prompt-tokens", type=int, default=1, help="prompt length for --new-tokens (default 1)")
+    args = parser.parse_args(argv)
+    for key in ("layers", "kv_heads", "head_dim", "seq", "batch", "new_tokens", "prompt_tokens"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise UsageError(f"--{key.replace('_', '-')}={value} must be a positive integer")
+
+    dims = {"layers": None, "kv_heads": None, "head_dim": None, "seq": None}
+    if args.ckpt:
+        dims |= dims_from_checkpoint(args.ckpt)
+    elif args.hf_config:
+        dims |= dims_from_hf_config(args.hf_config)
+    dims |= {key: getattr(args, key) for key in dims if getattr(args, key) is not None}
+
+    lines = []
+    wants_bytes = any(value is not None for value in dims.values()) or args.new_tokens is None
+    if wants_bytes:
+        missing = ", ".join("--" + key.replace("_", "-") for key, value in dims.items() if value is None)
+        if missing:
+            raise UsageError(f"give {missing} (or --ckpt / --hf-config)")
+        size = BYTES_PER_ELEMENT[args.dtype]
+        total = kv_cache_bytes(dims["layers"], dims["kv_heads"], dims["head_dim"], dims["seq"], args.batch, size)
+        lines.append(f"KV cache: 2 (K, V) x {dims['layers']} layers x {dims['kv_heads']} KV heads x "
+                     f"{dims['head_dim']} head dim x {dims['seq']} tokens x batch {args.batch} x "
+                     f"{size} bytes ({args.dtype})")
+        lines.append(f"  = {total:,} bytes = {total / 1e9:.3f} GB ({total / 2**30:.3f} GiB); "
+                     f"{total // (dims['seq'] * args.batch):,} bytes per token per sequence")
+    if args.new_tokens is not None:
+        without, with_cache = kv_projections(args.new_tokens, args.prompt_tokens)
+        lines.append(f"K/V projections per layer for {args.new_tokens} new tokens after a {args.prompt_tokens}-token "
+                     f"prompt: {without:,} without a cache, {with_cache:,} with one")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        print(estimate(argv))
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""train.time_budget: a run that ends when its wall-clock budget is spent, its schedule a function of time.
+
+The clock is the run's training time, `elapsed_s` in metrics.jsonl: everything inside the training loop
+(steps, with torch.compile's compilation in the first ones; evals, samples, checkpoints), summed over every
+resume. Data preparation and model set-up come before it and do not count; summary.json reports them as
+`setup_s`, and the first step's time (the compile, with train.compile=true) as `first_step_s`.
+
+The end has to fit inside the budget: the last step is followed by an eval, a sample and a checkpoint.
+Their cost is reserved: measured each time one happens (the largest seen); before that, an eval is
+taken to cost eval_batches forward passes at half a training micro-step each, a sample
+`SAMPLE_S_PER_TOKEN` per token, and a checkpoint its bytes (weights and AdamW's two moments, 12 bytes
+a parameter) at `CKPT_BYTES_PER_S`, all on the generous side.
+Steps go on while one more step and the reserve still fit; the step after which another would not fit
+is the last, and runs at the schedule's floor. The schedule (training/optim.py) spans the time left for
+steps, budget - reserve, so its fraction reaches 1 at the last step.
+
+A budgeted run's step count depends on the machine's speed, so it is not bit-exact across machines or
+even across runs; a run counted in steps (train.max_steps alone) stays bit-exact.
+"""
+import re
+
+from model.config import ConfigError
+
+SAMPLE_S_PER_TOKEN = 0.02  # a conservative decode step until a sample has been timed (~3 ms for llama_tiny)
+CKPT_BYTES_PER_S = 100e6  # written and hashed, until a checkpoint has been timed (llama_tiny's 63 MB: ~0.3 s)
+DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+
+
+def parse_duration(setting: str | None) -> float | None:
+    """train.time_budget in seconds: a number of seconds (600, 90.5) or hours, minutes and seconds in
+    that order (10m, 1h30m, 2m30s, 45s). None: no budget."""
+    if setting is None:
+        return None
+    text = str(setting).strip().lower()
+    try:
+        seconds = float(text)
+    except ValueError:
+        match = DURATION.fullmatch(text)
+        if not text or match is None:
+            raise ConfigError(f"train.time_budget={setting!r} must be seconds (600) or a duration like "
+                              f"10m, 1h30m, 2m30s") from None
+        hours, minutes, secs = (float(part or 0) for part in match.groups())
+        seconds = 3600 * hours + 60 * minutes + secs
+    if not 0 < seconds < float("inf"):
+        raise ConfigError(f"train.time_budget={setting!r} must be a positive duration")
+    return seconds
+
+
+class TimeBudget:
+    def __init__(self, seconds: float, sample_tokens: int, eval_per_step: float, num_params: int):
+        self.seconds = seconds
+        self.eval_per_step = eval_per_step  # an eval's cost in training steps, until one has been timed
+        self.costs = {"eval": 0.0, "sample": sample_tokens * SAMPLE_S_PER_TOKEN,
+                      "ckpt": 12 * num_params / CKPT_BYTES_PER_S}
+        self.measured: set[str] = set()
+        self.step_s = 0.0  # the latest step's time
+
+    def record(self, what: str, seconds: float) -> None:
+        """The time one step, eval, sample or checkpoint took."""
+        if what == "step":
+            self.step_s = seconds
+            if "eval" not in self.measured:
+                self.costs["eval"] = self.eval_per_step * seconds
+            return
+        self.costs[what] = max(seconds, self.costs[what]) if what in self.measured else seconds
+        self.measured.add(what)
+
+    @property
+    def reserve(self) -> float:
+        """What the end costs after the last step: an eval, a sample and a checkpoint."""
+        return sum(self.costs.values())
+
+    @property
+    def for_steps(self) -> float:
+        """The time the steps may take: the budget less the reserve for the end."""
+        return max(self.seconds - self.reserve, 1e-9)
+
+    def spent(self, elapsed: float) -> bool:
+        """No room for one more step before the end."""
+        return elapsed + self.step_s > self.for_steps
+
+    def is_last_step(self, elapsed: float) -> bool:
+        """This step fits, but a step after it would not."""
+        return elapsed + 2 * self.step_s > self.for_steps
+
+    def fraction(self, elapsed: float, step_s: float) -> tuple[float, float]:
+        """For the schedule: the fraction of the steps' time done before this step, and the fraction
+        this step takes (its forward and backward so far: the lr is needed only by the update)."""
+        return elapsed / self.for_steps, step_s / self.for_steps
