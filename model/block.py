@@ -36,3 +36,9 @@ class Block(nn.Module):
             return x + self.dropout(self.ffn(self.ffn_norm(x)))
         x = self.attn_norm(x + self.dropout(self.attn(x, start, cache)))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+
+def final_norm(cfg: ModelConfig) -> nn.Module | None:
+    """The norm between the last block and the LM head: Pre-Norm blocks leave the residual stream
+    unnormalised, so the model needs one; Post-Norm blocks already end in a norm."""
+    return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None

@@ -19,6 +19,8 @@ import math
 import torch
 from torch import nn
 
+from model.config import ModelConfig
+
 
 class Rotary(nn.Module):
     """Precomputes cos/sin tables once for every position up to max_len."""
@@ -66,3 +68,13 @@ class AbsolutePositions(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         return x * self.embed_scale + self.table[start:start + x.shape[1]].to(x.dtype)
+
+
+def make_positions(cfg: ModelConfig) -> tuple[Rotary | None, AbsolutePositions | None]:
+    """model.position as modules: (the rotary table every layer's attention shares, the absolute table
+    added to the embeddings); at most one of them, none for position=none."""
+    if cfg.position == "rope":
+        return Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base), None
+    if cfg.position in ("sinusoidal", "learned"):
+        return None, AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model)
+    return None, None

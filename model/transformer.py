@@ -13,11 +13,10 @@ import math
 import torch
 from torch import nn
 
-from model.block import Block
+from model.block import Block, final_norm
 from model.config import ModelConfig
 from model.kv_cache import KVCache
-from model.norms import make_norm
-from model.positions import AbsolutePositions, Rotary
+from model.positions import make_positions
 
 
 class Transformer(nn.Module):
@@ -25,14 +24,11 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        rotary = Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base) if cfg.position == "rope" else None
-        self.abs_pos = (AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model)
-                        if cfg.position in ("sinusoidal", "learned") else None)
+        rotary, self.abs_pos = make_positions(cfg)
         self.rotary = rotary  # one table, shared by every layer's attention
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))
-        # Post-Norm blocks already end in a norm; Pre-Norm leaves the residual stream unnormalised.
-        self.final_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None
+        self.final_norm = final_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight

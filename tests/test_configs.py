@@ -108,3 +108,12 @@ def test_a_value_of_the_wrong_type_is_refused_at_composition_with_its_key():
             compose_config([override])
         assert f"full_key: {key}" in str(error.value.__cause__)
     assert compose_config(["train.lr=1"]).train.lr == 1.0 and isinstance(compose_config(["train.lr=1"]).train.lr, float)
+
+
+def test_the_quick_experiment_is_the_two_minute_grids_winner():
+    """docs/training.md: d 128, 2 layers, context 128, 1024 pieces, batch 16, lr 5e-3, for 2 minutes."""
+    cfg = compose_config(["+experiment=quick"])
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads, cfg.model.context_length) == (128, 2, 4, 128)
+    assert (cfg.data.vocab_size, cfg.train.batch_size, cfg.train.lr, cfg.train.min_lr) == (1024, 16, 5e-3, 5e-4)
+    assert cfg.train.time_budget == "2m" and cfg.train.max_steps is None
+    assert compose_config([]).train.time_budget == "5m"
