@@ -2,7 +2,7 @@
 
 The chapter's illustration has Post-Norm's ratio decaying with depth and Pre-Norm's near 1. With
 this model's initialisation (embeddings of std 0.02, residual projections scaled by 1/sqrt(2L))
-the measurement says otherwise, and these tests pin what it says (README, ## Ablation):
+the measurement says otherwise, and these tests pin what it says (docs/ablation.md, gradient flow):
 Pre-Norm's first block gets MORE gradient than its last, increasingly so with depth, because the
 residual stream grows from the small embeddings and each block's norm divides its gradient by
 the stream's scale; Post-Norm's stays just under 1 at every depth.
