@@ -1,6 +1,8 @@
-"""Shared test settings."""
+"""Shared test settings, and the fixtures of the modules that run train.py on a tiny model."""
 import pytest
 import torch
+
+from data_helpers import tiny_run
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -13,3 +15,15 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, request):
+    """One folder per test module for its runs, corpus and token cache."""
+    return tmp_path_factory.mktemp(request.module.__name__.removeprefix("test_"))
+
+
+@pytest.fixture(scope="module")
+def tiny(workdir) -> list[str]:
+    """train.py overrides for a tiny run in this module's workdir (data_helpers.tiny_run)."""
+    return tiny_run(workdir)

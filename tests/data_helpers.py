@@ -1,5 +1,6 @@
 """Shared by the data and training tests: the real configs/data/*.yaml, composed by Hydra, as plain
 dicts, and a small corpus to train on."""
+import json
 import os
 import random
 import subprocess
@@ -56,6 +57,11 @@ def tiny_run(workdir: Path) -> list[str]:
             "train.micro_batch_size=4", "train.time_budget=null", "train.max_steps=8", "train.warmup_steps=2", "train.eval_batches=2", "train.log_interval=1",
             "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4", "train.sample_tokens=8",
             "wandb.mode=disabled", f"latest_link={workdir / 'latest'}"]
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """A run's metrics.jsonl, one dict per line."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def run_train(run_dir: Path, *overrides: str, command=TRAIN, **kwargs) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from data_helpers import run_train as train, tiny_run
+from data_helpers import metrics, run_train as train
 from model.config import ConfigError
 from training.budget import TimeBudget, parse_duration
 from training.optim import lr_at, lr_at_fraction
@@ -56,20 +56,6 @@ def test_the_budget_reserves_the_end_and_names_the_last_step():
     assert not budget.is_last_step(94.0) and budget.is_last_step(94.5) and not budget.spent(94.5)
     assert budget.spent(95.5)
     assert budget.fraction(48.125, 0.9625) == pytest.approx((0.5, 0.01))
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("budget")
-
-
-@pytest.fixture(scope="module")
-def tiny(workdir) -> list[str]:
-    return tiny_run(workdir)
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def summary(run_dir: Path) -> dict:

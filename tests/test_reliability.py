@@ -20,19 +20,9 @@ from safetensors.torch import load, save
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import TRAIN, TRAIN_ENV, run_train as train, tiny_run
+from data_helpers import TRAIN, TRAIN_ENV, run_train as train
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("reliability")
-
-
-@pytest.fixture(scope="module")
-def tiny(workdir) -> list[str]:
-    return tiny_run(workdir)
 
 
 def hashes(folder: Path) -> dict[str, str]:

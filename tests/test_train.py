@@ -15,26 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_helpers import TRAIN_ENV, run_train as train, tiny_run
+from data_helpers import TRAIN_ENV, metrics, run_train as train
 from storage.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8
 BATCH, CONTEXT = 8, 32
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("train")
-
-
-@pytest.fixture(scope="module")
-def tiny(workdir) -> list[str]:
-    return tiny_run(workdir)
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def train_state(run_dir: Path) -> dict:
