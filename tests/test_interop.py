@@ -17,6 +17,7 @@ from generation.engine import Engine
 from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from weights import far_from_init
 
 VOCAB = 300
 PROMPT = "to be or not"
@@ -42,16 +43,6 @@ def tok(tokenizer_file) -> Tokenizer:
     return Tokenizer(tokenizer_file)
 
 
-def randomize(model: torch.nn.Module) -> torch.nn.Module:
-    """Weights far from init and gains far from 1, so logits are O(1), greedy picks have clear margins
-    and a swapped matrix (q/k, gate/up, the two norms) changes the output."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(1 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.3 * torch.randn_like(p))
-    return model.eval()
-
-
 def llama_cfg(**overrides) -> ModelConfig:
     # GQA, a non-default rope base and eps: a mapping that drops any of them fails
     return ModelConfig(**dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -59,7 +50,7 @@ def llama_cfg(**overrides) -> ModelConfig:
 
 
 def hf_llama(tie: bool) -> LlamaForCausalLM:
-    return randomize(LlamaForCausalLM(LlamaConfig(
+    return far_from_init(LlamaForCausalLM(LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-4,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=tie,
@@ -107,7 +98,7 @@ def one_error_line(capsys) -> str:
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie):
-    model = randomize(Transformer(llama_cfg(tie_embeddings=tie)))
+    model = far_from_init(Transformer(llama_cfg(tie_embeddings=tie)))
     save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
 

@@ -17,6 +17,7 @@ from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
 from model.ffn import FeedForward
 from model.norms import RMSNorm, make_norm
 from model.positions import Rotary
+from weights import far_from_init
 
 # n_kv_heads for each attention option, with n_heads = 4
 KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}
@@ -88,9 +89,8 @@ def test_swiglu_at_8_3_d_has_the_parameters_of_relu_at_4_d(d_model):
 
 def test_rmsnorm_equals_torch_rmsnorm():
     torch.manual_seed(0)
-    ours, reference = RMSNorm(48, eps=1e-5), torch.nn.RMSNorm(48, eps=1e-5)
+    ours, reference = far_from_init(RMSNorm(48, eps=1e-5)), torch.nn.RMSNorm(48, eps=1e-5)
     with torch.no_grad():
-        ours.weight.normal_()
         reference.weight.copy_(ours.weight)
     x = 3 * torch.randn(2, 5, 48)
     torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=1e-6)
@@ -211,10 +211,7 @@ def test_logits_equal_transformers_llama(n_kv_heads, tie_embeddings, attn_implem
     # a non-default rope base and eps, so a mapping that drops either one fails
     cfg = ModelConfig(vocab_size=96, d_model=64, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, context_length=24,
                       rope_base=500.0, norm_eps=1e-4, tie_embeddings=tie_embeddings)
-    ours = Transformer(cfg).eval()
-    with torch.no_grad():  # weights far from init (and gains far from 1), so logits are O(1)
-        for p in ours.parameters():
-            p.copy_(1 + 0.3 * torch.randn_like(p) if p.ndim == 1 else 0.2 * torch.randn_like(p))
+    ours = far_from_init(Transformer(cfg))
     theirs = LlamaForCausalLM(LlamaConfig(**hf_config(cfg), attn_implementation=attn_implementation)).eval()
     missing, unexpected = theirs.load_state_dict(hf_state_dict(ours), strict=False)
     assert (missing, unexpected) == (["lm_head.weight"] if tie_embeddings else [], [])  # a tied head is re-tied
