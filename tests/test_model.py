@@ -15,7 +15,7 @@ from model import ConfigError, ModelConfig, Transformer
 from model.attention import Attention
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
 from model.ffn import FeedForward
-from model.norms import RMSNorm, make_norm
+from model.norms import RMSNorm, RMSNormFunction, make_norm
 from model.positions import Rotary
 from weights import far_from_init
 
@@ -69,6 +69,26 @@ def test_swiglu_worked_example():
         ffn.w_out.weight.copy_(torch.tensor([[1.2]]))  # W2
     # SiLU(1.5) = 1.5 * sigmoid(1.5) = 1.226;  1.226 * 0.8 * 1.2 = 1.178
     assert ffn(torch.tensor([[1.0]])).item() == approx(1.178, abs=1e-3)
+
+
+def test_rmsnorm_backward_equals_finite_differences_and_autograd():
+    """RMSNorm's hand-written backward: gradcheck in float64 (against finite differences), and in fp32
+    at llama_tiny's width the gradients of torch's own RMSNorm through autograd, to 1e-5 (the sums run
+    in another order, so not bit-for-bit)."""
+    generator = torch.Generator().manual_seed(0)
+
+    def draw(*shape, dtype=torch.float64):
+        return torch.randn(*shape, dtype=dtype, generator=generator).requires_grad_()
+
+    assert torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5), (draw(2, 3, 16), draw(16)))
+
+    x, grad = draw(4, 32, 128, dtype=torch.float32), torch.randn(4, 32, 128)
+    ours, reference = far_from_init(RMSNorm(128)), torch.nn.RMSNorm(128, eps=1e-5)
+    with torch.no_grad():
+        reference.weight.copy_(ours.weight)
+    expected = torch.autograd.grad(reference(x), (x, reference.weight), grad)
+    for got, want in zip(torch.autograd.grad(ours(x), (x, ours.weight), grad), expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("d_model", [96, 256, 384])
@@ -162,13 +182,15 @@ def test_every_combination_runs_forward_and_backward():
 
 
 def test_compiled_training_step_equals_eager():
-    """train.compile=true: torch.compile fuses the small ops of forward and backward; the loss and every
-    gradient stay those of the eager model (LLaMA's switches; the 2017 ones were compiled by hand)."""
+    """train.compile=true: torch.compile fuses the small ops of forward and backward, in one graph
+    (fullgraph: anything it cannot trace, such as an out= into a view in a written-out backward, fails
+    here instead of falling back to eager unseen); the loss and every gradient stay those of the eager model (LLaMA's
+    switches; the 2017 ones were compiled by hand)."""
     torch.manual_seed(0)
     eager = tiny_model("rmsnorm", "pre", "rope", "gqa", "swiglu")
     twin = tiny_model("rmsnorm", "pre", "rope", "gqa", "swiglu")
     twin.load_state_dict(eager.state_dict())
-    compiled = torch.compile(twin)
+    compiled = torch.compile(twin, fullgraph=True)
     tokens = torch.randint(0, 64, (4, 17))
     losses = [F.cross_entropy(m(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()) for m in (eager, compiled)]
     for loss in losses:
