@@ -93,5 +93,4 @@ def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
     for variant, r in speeds.items():
         low, high = r["tokens_per_s_range"]
         assert 0 < low <= r["tokens_per_s"] <= high, variant
-        assert r["vs_baseline"] == pytest.approx(r["tokens_per_s"] / speeds["baseline"]["tokens_per_s"])
         assert f"| {variant} | {r['tokens_per_s']:,.0f} |" in proc.stdout

@@ -82,16 +82,17 @@ def test_rmsnorm_backward_equals_finite_differences_and_autograd():
 
     assert torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5), (draw(2, 3, 16), draw(16)))
 
-    x, grad = draw(4, 32, 128, dtype=torch.float32), torch.randn(4, 32, 128)
+    x, grad = draw(4, 32, 128, dtype=torch.float32), torch.randn(4, 32, 128, generator=generator)
     ours, reference = far_from_init(RMSNorm(128)), torch.nn.RMSNorm(128, eps=1e-5)
     with torch.no_grad():
         reference.weight.copy_(ours.weight)
     expected = torch.autograd.grad(reference(x), (x, reference.weight), grad)
     y = ours(x)
+    assert type(y.grad_fn).__name__ == "RMSNormFunctionBackward"  # training takes the written-out backward
     for got, want in zip(torch.autograd.grad(y, (x, ours.weight), grad), expected):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with torch.no_grad():  # inference takes F.rms_norm: the same values (float32 rounding apart)
-        torch.testing.assert_close(ours(x), y, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(ours(x), y, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("d_model", [96, 256, 384])
@@ -200,7 +201,7 @@ def test_compiled_training_step_equals_eager():
         loss.backward()
     assert losses[1].item() == approx(losses[0].item(), abs=1e-6)
     for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-6, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
 @pytest.mark.parametrize("sizes, message", [

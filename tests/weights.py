@@ -1,8 +1,8 @@
 """One way to put a test model's weights far from init, used by every test that needs it.
 
 At init (matrices std 0.02, gains 1) logits sit near 0, so greedy picks are decided by float error and a
-swapped matrix or gain can go unnoticed. Here each matrix is N(0, (2 / sqrt(fan_in))^2), which makes every
-projection's output O(1) whatever the width, and each vector (norm gains, biases) is 1 + N(0, 0.3^2).
+swapped matrix or gain can go unnoticed. Here each matrix is N(0, (2 / sqrt(fan_in))^2), so a projection of a
+unit-scale input has outputs of std about 2 whatever the width, and each vector (norm gains, biases) is 1 + N(0, 0.3^2).
 """
 import torch
 
