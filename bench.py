@@ -11,8 +11,9 @@ shared: compare the ratios, not the absolute figures.
 
 Training: tokens/s of forward + cross-entropy + backward + AdamW step on train.batch_size sequences of
 llama_tiny's context, the optimizer built as train.py builds it (training/optim.py) for every peer:
-    llama_tiny, eagerly (train.compile=false, the default) and, on a copy of the same weights, through
-    torch.compile as train.compile=true runs it (its untimed warm-up step compiles: that time is reported apart);
+    llama_tiny, eagerly (train.compile=false, the default) and, on a copy of the same weights, with its loss
+    (forward and cross-entropy) through torch.compile as train.compile=true runs it (its untimed warm-up step
+    compiles: that time is reported apart);
     this repo's GPT-2 configuration of the same sizes (norm=layernorm position=learned attention=mha ffn=gelu);
     transformers' LlamaForCausalLM and GPT2LMHeadModel (exact GELU, biases as GPT-2 has them), eagerly;
     llama_tiny with one component switched to the GPT-2 configuration's: what that component costs.
@@ -192,7 +193,7 @@ def bench_ablation(repeats: int, device: Device) -> dict:
         model = Transformer(model_config(cfg)).to(device.name)
         T = model.cfg.context_length
         batch = torch.randint(model.cfg.vocab_size, (cfg.train.batch_size, T + 1), device=device.name)
-        steps[variant] = train_step(model, model, batch, device)
+        steps[variant] = train_step(model, batch, device)
         tokens_per_step = cfg.train.batch_size * T
     seconds, _, _ = timed_alternately("ablation training steps", steps, repeats, device)
     base = statistics.median(seconds["baseline"])
@@ -211,14 +212,15 @@ def ablation_table(speeds: dict) -> str:
 
 # ---------------------------------------------------------------- training
 
-def train_step(model: nn.Module, logits_of, tokens: torch.Tensor, device: Device):
-    """One closure: forward (logits_of(inputs)), next-token cross-entropy, backward, AdamW step on model."""
+def train_step(model: nn.Module, tokens: torch.Tensor, device: Device, logits_of=None, loss_of=next_token_loss):
+    """One closure: the next-token loss (train.py's: loss_of(logits_of, inputs, targets), logits_of the model
+    unless given), backward, AdamW step on model."""
     optimizer = make_optimizer(model, TRAIN)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
 
     def step():
         with device.autocast():
-            loss = next_token_loss(logits_of, inputs, targets)  # train.py's loss
+            loss = loss_of(model if logits_of is None else logits_of, inputs, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -257,12 +259,13 @@ def bench_training(sizes: Sizes, repeats: int, device: Device) -> dict:
     gpt2, compiled = Transformer(gpt2_cfg).to(device.name), copy.deepcopy(llama)  # a copy: its own optimizer
     peers = {  # name: (model, what maps inputs to logits, the model whose nn.Linear weights count its FLOPs)
         "llama_tiny": (llama, llama, llama),
-        "llama_tiny, train.compile=true": (compiled, torch.compile(compiled), llama),  # as train.py compiles
+        "llama_tiny, train.compile=true": (compiled, compiled, llama),
         "GPT-2 configuration": (gpt2, gpt2, gpt2),
         "transformers LlamaForCausalLM": (hf_llama, lambda x: hf_llama(input_ids=x).logits, llama),
     }
     hf_gpt2_model = hf_gpt2(gpt2_cfg).to(device.name)
     peers["transformers GPT2LMHeadModel"] = (hf_gpt2_model, lambda x: hf_gpt2_model(input_ids=x).logits, gpt2)
+    compiled_loss = {"llama_tiny, train.compile=true": torch.compile(next_token_loss)}  # as train.py compiles
     for group, option in GPT2_SWITCHES.items():
         model = Transformer(config_with(sizes.dims, sizes.context, **{group: option})).to(device.name)
         peers[f"llama_tiny {group}={option}"] = (model, model, model)
@@ -280,7 +283,8 @@ def bench_training(sizes: Sizes, repeats: int, device: Device) -> dict:
             matmul_seconds.append(time.perf_counter() - start)
     for model, _, _ in peers.values():
         model.train()
-    steps = {name: train_step(model, logits_of, tokens, device) for name, (model, logits_of, _) in peers.items()}
+    steps = {name: train_step(model, tokens, device, logits_of, compiled_loss.get(name, next_token_loss))
+             for name, (model, logits_of, _) in peers.items()}
     seconds, _, warm_up_s = timed_alternately("training", steps | {"peak matmul": matmuls}, repeats, device)
     tokens_per_step = sizes.batch_size * sizes.context
     peak = 2 * sizes.peak_n ** 3 / min(matmul_seconds)

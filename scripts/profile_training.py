@@ -40,7 +40,7 @@ def main(argv=None):
     for name, switches in (("llama_tiny", {}), ("GPT-2 configuration", bench.GPT2_SWITCHES)):
         model = Transformer(bench.config_with(sizes.dims, sizes.context, **switches)).train()
         label_modules(model)
-        step = bench.train_step(model, model, tokens, device)
+        step = bench.train_step(model, tokens, device)
         for _ in range(2):
             step()
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -17,6 +17,7 @@ from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
 from model.ffn import FeedForward
 from model.norms import RMSNorm, RMSNormFunction, make_norm
 from model.positions import Rotary
+from training.evaluate import next_token_loss
 from weights import far_from_init
 
 # n_kv_heads for each attention option, with n_heads = 4
@@ -186,17 +187,17 @@ def test_every_combination_runs_forward_and_backward():
 
 
 def test_compiled_training_step_equals_eager():
-    """train.compile=true: torch.compile fuses the small ops of forward and backward, in one graph
-    (fullgraph: anything it cannot trace, such as an out= into a view in a written-out backward, fails
-    here instead of falling back to eager unseen); the loss and every gradient stay those of the eager model (LLaMA's
-    switches; the 2017 ones were compiled by hand)."""
+    """train.compile=true compiles train.py's loss (next_token_loss: the forward and the cross-entropy) in
+    one graph (fullgraph: anything it cannot trace, such as an out= into a view in a written-out backward,
+    fails here instead of falling back to eager unseen); the loss and every gradient stay the eager ones
+    (LLaMA's switches; the 2017 ones were compiled by hand)."""
     torch.manual_seed(0)
     eager = tiny_model("rmsnorm", "pre", "rope", "gqa", "swiglu")
     twin = tiny_model("rmsnorm", "pre", "rope", "gqa", "swiglu")
     twin.load_state_dict(eager.state_dict())
-    compiled = torch.compile(twin, fullgraph=True)
     tokens = torch.randint(0, 64, (4, 17))
-    losses = [F.cross_entropy(m(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()) for m in (eager, compiled)]
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    losses = [next_token_loss(eager, x, y), torch.compile(next_token_loss, fullgraph=True)(twin, x, y)]
     for loss in losses:
         loss.backward()
     assert losses[1].item() == approx(losses[0].item(), abs=1e-6)
