@@ -8,6 +8,7 @@ forward (attention, FFN, norms, RoPE, the LM head), timed by a record_function r
 """
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench  # noqa: E402  (the repo root, for bench's peers)
 from model import Transformer  # noqa: E402
+from training.evaluate import next_token_loss  # noqa: E402
 
 KINDS = ("Attention", "FeedForward", "RMSNorm", "LayerNorm", "Rotary", "Linear", "Embedding")
 
@@ -40,7 +42,7 @@ def main(argv=None):
     for name, switches in (("llama_tiny", {}), ("GPT-2 configuration", bench.GPT2_SWITCHES)):
         model = Transformer(bench.config_with(sizes.dims, sizes.context, **switches)).train()
         label_modules(model)
-        step = bench.train_step(model, tokens, device)
+        step = bench.train_step(model, partial(next_token_loss, model), tokens, device)
         for _ in range(2):
             step()
         with profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -55,11 +55,11 @@ def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
     if train.batch_size % world_size:
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of the {world_size} processes")
     per_process = train.batch_size // world_size
+    fits = [d for d in range(1, per_process + 1) if per_process % d == 0]
     micro = train.micro_batch_size
     if micro is None:
-        micro = max(d for d in range(1, min(per_process, MAX_MICRO_BATCH) + 1) if per_process % d == 0)
-    elif micro <= 0 or per_process % micro:
-        fits = [d for d in range(1, per_process + 1) if per_process % d == 0]
+        micro = max(d for d in fits if d <= MAX_MICRO_BATCH)
+    elif micro not in fits:
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of {world_size} processes x "
                           f"train.micro_batch_size={micro}; set train.micro_batch_size to one of "
                           f"{', '.join(map(str, fits))}, or null to choose")
