@@ -64,6 +64,11 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def summary(run_dir: Path) -> dict:
+    """A run's summary.json."""
+    return json.loads((run_dir / "summary.json").read_text())
+
+
 def run_train(run_dir: Path, *overrides: str, command=TRAIN, **kwargs) -> subprocess.CompletedProcess:
     """train.py (or `command`, e.g. torchrun) as a user runs it, on run_dir, until it ends."""
     return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=TRAIN_ENV,

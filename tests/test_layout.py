@@ -24,7 +24,8 @@ def imports(path: Path, modules: dict) -> set[str]:
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                     for alias in node.names]
         else:
             continue
         found |= set(names) & modules.keys()

@@ -20,7 +20,7 @@ from safetensors.torch import load, save
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import TRAIN, TRAIN_ENV, run_train as train
+from data_helpers import TRAIN, TRAIN_ENV, metrics, run_train as train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -143,7 +143,7 @@ def test_two_runs_on_one_run_dir(workdir, tiny):
     assert last_error(second.stderr) == (f"error: hydra.run.dir={run_dir} is in use by another training run "
                                          f"(pid {first.pid}); wait for it to end or choose another hydra.run.dir")
     assert first.returncode == 128 + signal.SIGTERM, first_err[-2000:]
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m["step"] for m in metrics(run_dir)]
     assert steps == list(range(1, len(steps) + 1))  # one run's lines, none of the second's
     assert "seed: 0" in (run_dir / "config.yaml").read_text()
 
@@ -181,6 +181,7 @@ def test_a_write_that_fails_is_one_line_and_keeps_the_previous_checkpoint(copy, 
     ("train.micro_batch_size=3", "train.batch_size=8 must be a multiple of 1 processes x train.micro_batch_size=3; "
                                  "set train.micro_batch_size to one of 1, 2, 4, 8, or null to choose"),
     ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mqa"),
+    ("train.max_steps=null", "train.max_steps=null needs a train.time_budget: a run must end by steps or by time"),
 ])
 def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message):
     run_dir = workdir / "mistyped"

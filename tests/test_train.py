@@ -2,7 +2,6 @@
 outputs, exact resume, SIGTERM, the NaN guard, one-line errors, and DDP over 2 CPU processes.
 
 Each run is a subprocess (~4 s of imports), so the module shares runs through fixtures."""
-import json
 import math
 import re
 import signal
@@ -15,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from data_helpers import TRAIN_ENV, metrics, run_train as train
+from data_helpers import TRAIN_ENV, metrics, run_train as train, summary as run_summary
 from storage.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +61,7 @@ def test_run_writes_checkpoint_metrics_config_and_summary(full_run):
     assert state["progress"]["step"] == MAX_STEPS and state["optimizer"]["state"]
     assert model.cfg.norm == "layernorm" and model.cfg.d_model == 32
 
-    summary = json.loads((full_run / "summary.json").read_text())
+    summary = run_summary(full_run)
     assert summary["name"] == "llama_tiny-norm=layernorm"
     assert summary["num_params"] == model.num_params()
     assert summary["kv_cache_bytes_per_token"] == 2 * 1 * 1 * 16 * 4  # K and V, 1 layer, 1 K/V head of 16, fp32
@@ -112,7 +111,7 @@ def test_sigterm_saves_a_checkpoint_that_resumes(workdir, tiny):
     assert train_state(run_dir)["progress"]["step"] == stopped_at
     model, _ = load_checkpoint(run_dir)
     assert all(p.isfinite().all() for p in model.parameters())
-    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == "SIGTERM"
+    assert run_summary(run_dir)["stop_reason"] == "SIGTERM"
 
     resumed = train(run_dir, *tiny, "train.resume=true", f"train.max_steps={stopped_at + 2}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -133,7 +132,7 @@ def test_divergence_stops_and_keeps_the_last_good_checkpoint(workdir, tiny):
     model, _ = load_checkpoint(run_dir)
     assert all(p.isfinite().all() for p in model.parameters())
     assert metrics(run_dir)[-1]["step"] == failed_step - 1
-    assert json.loads((run_dir / "summary.json").read_text())["stop_reason"] == f"diverged at step {failed_step}"
+    assert run_summary(run_dir)["stop_reason"] == f"diverged at step {failed_step}"
 
 
 @pytest.mark.parametrize("case", ["bad_model", "resume_without_checkpoint", "missing_data"])
