@@ -118,7 +118,8 @@ def test_rmsnorm_equals_torch_rmsnorm():
     with torch.no_grad():
         reference.weight.copy_(ours.weight)
     x = 3 * torch.randn(2, 5, 48)
-    torch.testing.assert_close(ours(x), reference(x), rtol=0, atol=1e-6)
+    # the same arithmetic through other kernels; outputs reach ~10, where float32's step is ~1e-6
+    torch.testing.assert_close(ours(x), reference(x), rtol=1e-6, atol=1e-6)
 
 
 def test_rope_scores_depend_only_on_relative_position():
@@ -200,7 +201,8 @@ def test_compiled_training_step_equals_eager():
     losses = [next_token_loss(eager, x, y), torch.compile(next_token_loss, fullgraph=True)(twin, x, y)]
     for loss in losses:
         loss.backward()
-    assert losses[1].item() == approx(losses[0].item(), abs=1e-6)
+    # inductor's reductions are vectorised per CPU (AVX2, AVX-512): a few float32 steps of a loss of ~4
+    assert losses[1].item() == approx(losses[0].item(), rel=1e-6, abs=1e-6)
     for (name, p), q in zip(eager.named_parameters(), twin.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
