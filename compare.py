@@ -181,17 +181,48 @@ def summary_value(variant: Variant, key: str) -> str:
     return ", ".join(f"{v:,}" for v in sorted(values)) or "?"
 
 
+def span(values: list[float], fmt: str) -> str:
+    """The one value, or the range lowest-highest, or ? for none."""
+    values = sorted(set(values))
+    if not values:
+        return "?"
+    return fmt.format(values[0]) if len(values) == 1 else f"{fmt.format(values[0])}-{fmt.format(values[-1])}"
+
+
+def extent(run: Run) -> tuple[int, int, float] | None:
+    """(steps, tokens, elapsed seconds) a complete run trained: the last metrics line, the summary's time."""
+    if run.problem is not None or not run.metrics:
+        return None
+    last = run.metrics[-1]
+    return last["step"], last["tokens"], run.summary.get("elapsed_s", last.get("elapsed_s", math.nan))
+
+
+def extent_cells(variant: Variant) -> str:
+    """Steps, tokens and elapsed seconds of the variant's complete runs: what makes two rows comparable."""
+    steps, tokens, seconds = zip(*extents) if (extents := [e for e in map(extent, variant.runs) if e]) else ([], [], [])
+    return f"{span(steps, '{:,}')} | {span([t / 1e6 for t in tokens], '{:.2f}')} | {span(seconds, '{:.0f}')}"
+
+
+def unequal_training_note(runs: list[Run]) -> str | None:
+    """A line when the complete runs trained different numbers of tokens, e.g. budgeted runs on a busy machine."""
+    tokens = {e[1] for e in map(extent, runs) if e}
+    if len(tokens) < 2:
+        return None
+    return (f"note: the runs trained unequal numbers of tokens ({min(tokens) / 1e6:.2f}-{max(tokens) / 1e6:.2f} M): "
+            f"a time budget is wall-clock, so a slower or busier machine buys fewer steps; compare like with like")
+
+
 def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
-    lines = ["| variant | runs (n) | params | val loss | val bpb | Δ bpb vs baseline | beyond seed noise? "
-             "| tokens/s | KV cache bytes/token |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    lines = ["| variant | runs (n) | params | steps | tokens (M) | elapsed s | val loss | val bpb | Δ bpb vs baseline "
+             "| beyond seed noise? | tokens/s | KV cache bytes/token |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for variant in variants:
         n_incomplete = len(variant.runs) - len(variant.complete)
         runs = f"{len(variant.complete)}" + (f" + {n_incomplete} incomplete" if n_incomplete else "")
         rates = [r for r in map(median_tokens_per_s, variant.complete) if r is not None]
         speed = f"{statistics.mean(rates):,.0f}" if rates else "?"
         delta, beyond = difference(variant, baseline)
-        lines.append(f"| {variant.name} | {runs} | {summary_value(variant, 'num_params')} "
+        lines.append(f"| {variant.name} | {runs} | {summary_value(variant, 'num_params')} | {extent_cells(variant)} "
                      f"| {fmt_mean_std(variant.final('val_loss'))} | {fmt_mean_std(variant.final('val_bpb'))} "
                      f"| {delta} | {beyond} | {speed} | {summary_value(variant, 'kv_cache_bytes_per_token')} |")
     return "\n".join(lines)
@@ -278,9 +309,10 @@ def lr_sweep_lines(variants: list[Variant]) -> tuple[list[LRLine], list[float], 
 
 
 def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, float | None]) -> str:
-    rows = ["| variant | best lr | LR sensitivity | runs at best lr (n) | val bpb at best lr | Δ bpb vs baseline "
-            "| beyond seed noise? | largest lr that trains | params | KV cache bytes/token |",
-            "|---|---:|---:|---|---:|---:|---|---:|---:|---:|"]
+    rows = ["| variant | best lr | LR sensitivity | runs at best lr (n) | steps | tokens (M) | elapsed s "
+            "| val bpb at best lr | Δ bpb vs baseline | beyond seed noise? | largest lr that trains | params "
+            "| KV cache bytes/token |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
     for line in lines:
         delta, beyond = difference(line.best, baseline.best if baseline else None)
         if line is baseline:
@@ -289,7 +321,7 @@ def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, flo
         runs = f"{len(line.best.complete)}" + (f" + {n_incomplete} incomplete" if n_incomplete else "")
         rows.append(f"| {line.name} | {'none' if line.best_lr is None else f'{line.best_lr:g}'} | "
                     f"{'n/a' if line.sensitivity is None else f'{line.sensitivity:.4f}'} | {runs} "
-                    f"| {fmt_mean_std(line.best.final('val_bpb'))} | {delta} | {beyond} "
+                    f"| {extent_cells(line.best)} | {fmt_mean_std(line.best.final('val_bpb'))} | {delta} | {beyond} "
                     f"| {'none' if trains[line.name] is None else f'{trains[line.name]:g}'} | {summary_value(line.best, 'num_params')} "
                     f"| {summary_value(line.best, 'kv_cache_bytes_per_token')} |")
     return "\n".join(rows)
@@ -463,6 +495,9 @@ def main(argv=None) -> None:
         report_comparison(group_runs(runs), args.baseline, args)
     else:
         report_lr_sweep(runs, sweep, args.baseline, args.trains_margin, args)
+    note = unequal_training_note(runs)
+    if note:
+        print(f"\n{note}")
     incomplete = [r for r in runs if r.problem]
     if incomplete:
         print("\nincomplete runs, left out of the means:")

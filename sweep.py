@@ -9,7 +9,7 @@ compare interventions: by final loss against learning rate, not at one shared le
 Every run is `python train.py +experiment=ablation ablation=<variant> train.lr=<lr> train.min_lr=<lr/10>
 train.seed=<seed>` (min_lr keeps the baseline schedule's ratio of 10) in OUT/<variant>/lr<lr>/seed<seed>/,
 with its output in train.log there. Stages:
-  1. grid    each variant at each --lrs, seed 0; the --probe variants also with train.warmup_steps=0,
+  1. grid    each variant at each --lrs, seed 0; the --probe variants also with train.warmup_fraction=0,
              as `<variant>-nowarmup`
   2. edges   a line whose best lr is the grid's lowest or highest gets the next point beyond it, in the
              grid's own ratio, up to --widen more points per side
@@ -64,7 +64,7 @@ class Point:
                      f"hydra.run.dir={self.run_dir(out)}", "wandb.group=lr_sweep",
                      f"wandb.name=lr_sweep-{self.line}-lr{self.lr:.4g}-seed{self.seed}"]
         if not self.warmup:
-            overrides += ["train.warmup_steps=0", f"variant={self.line}"]
+            overrides += ["train.warmup_fraction=0", f"variant={self.line}"]
         return overrides
 
 

@@ -17,9 +17,9 @@ def get_batch(tokens, batch_size: int, context_length: int, generator: torch.Gen
     return windows_at(tokens, starts.tolist(), context_length, device)
 
 
-def eval_batches(tokens, batch_size: int, context_length: int, n_batches: int, device="cpu"):
-    """A fixed set of n_batches batches whose windows are spread evenly over the whole stream, so
-    every evaluation scores the same tokens."""
-    starts = np.linspace(0, len(tokens) - context_length - 1, batch_size * n_batches).round().astype(int)
+def eval_batches(tokens, batch_size: int, context_length: int, n_windows: int, device="cpu"):
+    """A fixed set of n_windows windows spread evenly over the whole stream, in batches of batch_size (the
+    last one holds the rest): every evaluation, whatever the batch size, scores the same tokens."""
+    starts = np.linspace(0, len(tokens) - context_length - 1, n_windows).round().astype(int)
     return [windows_at(tokens, starts[i : i + batch_size], context_length, device)
             for i in range(0, len(starts), batch_size)]

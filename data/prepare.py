@@ -9,6 +9,8 @@ stream's length and the sha256 of each stream and of tokenizer.model, checked at
 second per GB), so a cache half written by a killed process (no manifest), truncated, corrupted in place
 or written by another format is rebuilt with a one-line notice, never used. A build removes the
 temporary files a killed build left, and a build that fails removes the directory it created.
+The manifest also keeps the val split's unigram level (unigram_val_bpb below), computed once with the
+streams: a bincount over the whole train stream, gigabytes on a large corpus.
 
 Each stream is the split's documents, each as BOS + ids + EOS, joined end to end.
 """
@@ -28,7 +30,7 @@ from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from storage.files import atomic_write, remove_dead_temporaries, sha256
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 REQUIRED_SETTINGS = ("name", "source", "vocab_size", "val_fraction", "cache_dir", "num_proc")
 SPLITS = ("train", "val")
 
@@ -41,6 +43,7 @@ class TokenData:
     bytes_per_token: dict  # {"train": float, "val": float}: UTF-8 bytes of the split / its tokens, BOS and EOS included
     stats: dict  # per split: documents, characters, bytes, tokens
     cache_dir: Path
+    unigram_val_bpb: float  # the val bpb of predicting each token by its train frequency alone
 
 
 def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
@@ -81,6 +84,7 @@ def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
         bytes_per_token={split: stats[split]["bytes"] / stats[split]["tokens"] for split in SPLITS},
         stats=stats,
         cache_dir=cache,
+        unigram_val_bpb=manifest["unigram_val_bpb"],
     )
 
 
@@ -146,6 +150,7 @@ def read_manifest(cache: Path, key: str) -> tuple[dict | None, str | None]:
             size, expected = (cache / f"{s}.bin").stat().st_size, manifest["splits"][s]["tokens"] * itemsize
             if size != expected:
                 return None, f"{s}.bin has {size} bytes, its manifest says {expected}"
+        float(manifest["unigram_val_bpb"])
         for name, digest in manifest["sha256"].items():
             if sha256(cache / name) != digest:
                 return None, f"{name} does not match the sha256 in manifest.json"
@@ -191,12 +196,23 @@ def fill_cache(cache: Path, key: str, docs: datasets.Dataset, cfg) -> dict:
         for split, split_docs in zip(SPLITS, (train_docs, val_docs))
     }
     digests = {name: sha256(cache / name) for name in ("tokenizer.model", *(f"{s}.bin" for s in SPLITS))}
-    manifest = {"format": CACHE_FORMAT, "key": key, "dtype": dtype.name, "splits": splits, "sha256": digests}
+    streams = [np.memmap(cache / f"{split}.bin", dtype=dtype, mode="r") for split in SPLITS]
+    unigram = unigram_bpb(*streams, tokenizer.vocab_size, splits["val"]["bytes"] / splits["val"]["tokens"])
+    manifest = {"format": CACHE_FORMAT, "key": key, "dtype": dtype.name, "splits": splits, "sha256": digests,
+                "unigram_val_bpb": unigram}
     atomic_write(cache / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     for split, s in splits.items():
         print(f"data: {split}: {s['documents']} docs, {s['characters']:,} chars, {s['tokens']:,} tokens, "
               f"{s['bytes'] / s['tokens']:.3f} bytes/token")
     return manifest
+
+
+def unigram_bpb(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int, bytes_per_token: float) -> float:
+    """The val bpb of the unigram solution: each val token predicted by its add-one smoothed frequency
+    in the train split, whatever came before it. A model stuck near it has learnt no use of context."""
+    counts = np.bincount(train_tokens, minlength=vocab_size)[:vocab_size] + 1.0
+    nats = -np.log(counts[val_tokens] / counts.sum()).mean()
+    return float(nats / math.log(2) / bytes_per_token)
 
 
 def train_on(train_docs: datasets.Dataset, cfg, model_file: Path) -> Tokenizer:

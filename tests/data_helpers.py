@@ -54,7 +54,7 @@ def tiny_run(workdir: Path) -> list[str]:
     return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={workdir / 'cache'}",
             "data.num_proc=1", "norm=layernorm", "model.d_model=32", "model.n_layers=1", "model.n_heads=2",
             "model.n_kv_heads=1", "model.context_length=32", "train.batch_size=8",
-            "train.micro_batch_size=4", "train.time_budget=null", "train.max_steps=8", "train.warmup_steps=2", "train.eval_batches=2", "train.log_interval=1",
+            "train.micro_batch_size=4", "train.time_budget=null", "train.max_steps=8", "train.warmup_fraction=0.25", "train.eval_tokens=256", "train.log_interval=1",
             "train.eval_interval=4", "train.ckpt_interval=4", "train.sample_interval=4", "train.sample_tokens=8",
             "wandb.mode=disabled", f"latest_link={workdir / 'latest'}"]
 

@@ -90,7 +90,7 @@ def test_each_sweep_point_differs_from_the_baseline_in_its_switch_only(point):
     assert config["variant"] == variant
     assert config["wandb"]["name"] == f"ablation-{variant}-seed{seed}"
     assert config["wandb"]["group"] == "ablation"
-    assert sweep["subdir"] == f"{variant}/seed{seed}"
+    assert sweep["subdir"] == f"{variant}/train.seed={seed}"  # one dir per job, named by its overrides
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": config["data"]["vocab_size"]}))
     assert model.cfg.attention == config["model"]["attention"]
 

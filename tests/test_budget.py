@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 from data_helpers import metrics, run_train as train, summary
 from model.config import ConfigError
 from training.budget import TimeBudget, parse_duration
-from training.optim import lr_at, lr_at_fraction
+from training.horizon import Horizon
+from training.optim import lr_at
 from training.settings import CONFIG_DIR
 
 BUDGET_S = 3.0
@@ -34,18 +35,70 @@ def test_a_budget_that_is_not_a_duration_is_refused_with_its_value(setting):
         parse_duration(setting)
 
 
-@pytest.mark.parametrize("warmup, steps, decay", [(30, 300, 300), (0, 50, 50), (4, 14, 14), (7, 40, 25)])
+def schedule(**settings):
+    return OmegaConf.create({"lr": 3e-3, "min_lr": 3e-4, "warmup_fraction": 0.1} | settings)
+
+
+def lrs_of(horizon: Horizon, train, step_times: list[float]) -> list[float]:
+    """The lr of each step of a run whose steps take these seconds, as train.py sets it (its end left out)."""
+    lrs, elapsed = [], 0.0
+    for step, seconds in enumerate(step_times):
+        if horizon.spent(step, elapsed):
+            break
+        last = horizon.is_last(step, elapsed)
+        lrs.append(lr_at(*horizon.position(step, elapsed, seconds), train))
+        horizon.budget and horizon.budget.record("step", seconds)
+        elapsed += seconds
+        if last:
+            break
+    return lrs
+
+
+@pytest.mark.parametrize("warmup, steps, decay", [(0.1, 300, 300), (0.0, 50, 50), (4 / 14, 14, 14), (7 / 25, 40, 25)])
 def test_the_time_schedule_is_the_step_schedule_when_time_is_proportional_to_steps(warmup, steps, decay):
-    """Steps of equal time, a budget that holds `decay` of them: the fraction before step k is k / decay,
-    a step is 1 / decay of it, and the warm-up is warmup / decay."""
-    train = OmegaConf.create({"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": warmup, "lr_decay_steps": decay})
+    """Steps of equal time, a budget that holds `decay` of them: the fraction before step k is k / decay and
+    a step is 1 / decay of it, by time as by steps."""
+    train = schedule(warmup_fraction=warmup)
     for step in range(steps):
-        done, one_step = step / decay, 1 / decay
-        assert lr_at_fraction(done, one_step, warmup / decay, train) == pytest.approx(lr_at(step, train), rel=1e-12)
+        assert lr_at(step / decay, 1 / decay, train) == pytest.approx(
+            lr_at(*Horizon(None, decay, None).position(step, 0.0, 0.0), train), rel=1e-12)
+
+
+def test_max_steps_under_a_budget_that_lasts_gets_the_step_schedule():
+    """train.max_steps=200 with the default 5-minute budget: 200 steps of 0.1 s end long before the budget, so the
+    warm-up and the cosine follow the steps, down to min_lr at step 200, exactly as with no budget."""
+    train = schedule()
+    by_steps = lrs_of(Horizon(200, 200, TimeBudget(300.0, 200, 10.0, 10**6)), train, [0.1] * 300)
+    assert by_steps == lrs_of(Horizon(200, 200, None), train, [0.1] * 300)
+    assert len(by_steps) == 200 and by_steps[:20] == sorted(by_steps[:20]) and max(by_steps) == train.lr
+    assert by_steps[19] == train.lr and by_steps[20:] == sorted(by_steps[20:], reverse=True)
+    assert by_steps[-1] == pytest.approx(train.min_lr, rel=1e-3)
+
+
+def test_a_budget_that_ends_before_max_steps_takes_the_schedule_to_min_lr():
+    """The same 200 steps, at 1 s a step under a 60 s budget: the budget ends the run first, and its
+    schedule with it: the warm-up over its first 10%, min_lr at its last step."""
+    train = schedule()
+    budget = TimeBudget(60.0, sample_tokens=0, eval_per_step=0.0, num_params=0)
+    lrs = lrs_of(Horizon(200, 200, budget), train, [1.0] * 300)
+    assert len(lrs) == 60 and lrs[-1] == train.min_lr  # 60 steps of 1 s fill the 60 s exactly (nothing reserved)
+    assert lrs[:6] == sorted(lrs[:6]) and max(lrs) == pytest.approx(train.lr, rel=0.05)
+
+
+def test_the_first_step_of_a_session_is_not_a_step_time():
+    """With train.compile=true the first step is the compilation (11 s measured in a 60 s budget): taken as the
+    step time, it reserved 10 x 11 s for the eval and ended the run after 2 steps. Left out, the run goes on."""
+    budget = TimeBudget(60.0, sample_tokens=8, eval_per_step=10.0, num_params=10**6)
+    budget.record("step", 11.0)
+    assert budget.step_s == 0.0 and not budget.spent(11.0) and not budget.is_last_step(11.0)
+    budget.record("step", 0.05)
+    assert budget.step_s == 0.05 and budget.reserve == pytest.approx(10 * 0.05 + 8 * 0.02 + 12e6 / 100e6)
+    assert not budget.is_last_step(40.0)
 
 
 def test_the_budget_reserves_the_end_and_names_the_last_step():
     budget = TimeBudget(100.0, sample_tokens=50, eval_per_step=2.0, num_params=10**7)
+    budget.record("step", 9.0)  # the session's first step (a compile, a warm-up) is not taken as a step's time
     budget.record("step", 1.0)  # nothing timed yet: an eval is taken to cost 2 steps, a checkpoint 120 MB's writing
     assert budget.reserve == pytest.approx(2.0 + 50 * 0.02 + 1.2)
     budget.record("eval", 3.0), budget.record("sample", 0.5), budget.record("ckpt", 0.25)
@@ -53,7 +106,9 @@ def test_the_budget_reserves_the_end_and_names_the_last_step():
     assert budget.reserve == pytest.approx(3.75) and budget.for_steps == pytest.approx(96.25)
     assert not budget.is_last_step(94.0) and budget.is_last_step(94.5) and not budget.spent(94.5)
     assert budget.spent(95.5)
-    assert budget.fraction(48.125, 0.9625) == pytest.approx((0.5, 0.01))
+    horizon = Horizon(None, None, budget)
+    assert horizon.position(48.125, 48.125, 0.9625) == pytest.approx((0.5, 0.01))
+    assert horizon.position(94, 94.5, 0.5) == (1.0, 0.0)  # the last step runs at the floor
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +153,36 @@ def test_a_resumed_budgeted_run_ends_when_the_whole_budget_is_spent(resumed):
     assert BUDGET_S - MARGIN_S < result["elapsed_s"] <= BUDGET_S + MARGIN_S
     assert [m["step"] for m in lines] == sorted({m["step"] for m in lines})  # one line per step, no gap in order
     assert lines[-1]["lr"] == OmegaConf.load(CONFIG_DIR / "config.yaml").train.min_lr
+
+
+def test_max_steps_under_the_default_budget_logs_the_step_schedule(workdir, tiny):
+    """tiny_run's 8 steps with the default 5-minute budget left on: the same lrs, step for step, as with no budget
+    (a warm-up over 2 steps, then the cosine down to min_lr at step 8), and the start line says which limit ends it."""
+    run_dir = workdir / "steps-under-budget"
+    done = train(run_dir, *tiny, "train.time_budget=5m", "latest_link=null")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ends at train.max_steps=8 or when train.time_budget=300 s is spent, whichever comes first" in done.stdout
+    steps_only = train(workdir / "steps-only", *tiny, "latest_link=null")
+    assert steps_only.returncode == 0, steps_only.stderr[-3000:]
+    lrs = [m["lr"] for m in metrics(run_dir)]
+    assert lrs == [m["lr"] for m in metrics(workdir / "steps-only")]
+    peak = OmegaConf.load(CONFIG_DIR / "config.yaml").train.lr
+    assert lrs[:2] == pytest.approx([peak / 2, peak], rel=1e-12)
+    assert all(later <= earlier * (1 + 1e-12) for earlier, later in zip(lrs[1:], lrs[2:]))  # the cosine, down
+    assert lrs[-1] < peak / 5
+    assert summary(run_dir)["ended_by"] == "max_steps"
+
+
+def test_a_compiled_run_trains_for_most_of_its_budget(workdir, tiny):
+    """train.compile=true: the first step is the compilation (seconds, where a step takes milliseconds). Left out
+    of the step time, it no longer reserves ten times itself for the eval: the run trains to its budget."""
+    run_dir = workdir / "compiled"
+    done = train(run_dir, *tiny, *FEW_LINES, "train.compile=true", "train.time_budget=40", "train.max_steps=null",
+                 "latest_link=null")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = summary(run_dir)
+    assert result["first_step_s"] > 1 and result["ended_by"] == "time_budget"
+    assert result["elapsed_s"] > 0.8 * 40 and result["steps"] > 200
 
 
 def test_the_latest_link_points_at_the_newest_run(workdir, budgeted, resumed):

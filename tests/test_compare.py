@@ -39,14 +39,16 @@ def write_run(run_dir, variant, seed, final_bpb, steps=MAX_STEPS, norm="rmsnorm"
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
 
 
-def table_rows(output: str) -> dict[str, list[str]]:
-    """The markdown table's rows as variant name -> cells."""
+def table_rows(output: str) -> dict[str, dict[str, str]]:
+    """The markdown table's rows as variant name -> {column header: cell}."""
+    lines = output.splitlines()
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = {}
-    for line in output.splitlines()[2:]:
+    for line in lines[2:]:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split("|")]
-        rows[cells[0]] = cells
+        rows[cells[0]] = dict(zip(header, cells))
     return rows
 
 
@@ -76,22 +78,24 @@ def test_table_means_stds_and_differences(sweep, tmp_path, capsys):
 
     for variant, finals in FINAL_BPB.items():
         cells = rows[variant]
-        assert cells[1] == "3"
-        assert cells[2] == "1,234,567" and cells[8] == "512"
-        assert mean_pm_std(cells[4]) == pytest.approx((np.mean(finals), np.std(finals, ddof=1)), abs=1e-4)
-        assert mean_pm_std(cells[3]) == pytest.approx((2 * np.mean(finals), 2 * np.std(finals, ddof=1)), abs=1e-4)
+        assert cells["runs (n)"] == "3"
+        assert cells["params"] == "1,234,567" and cells["KV cache bytes/token"] == "512"
+        assert mean_pm_std(cells["val bpb"]) == pytest.approx((np.mean(finals), np.std(finals, ddof=1)), abs=1e-4)
+        assert mean_pm_std(cells["val loss"]) == pytest.approx((2 * np.mean(finals), 2 * np.std(finals, ddof=1)), abs=1e-4)
         # median of the logged tokens_per_s, 5001..5006
-        assert cells[7] == "5,004"
+        assert cells["tokens/s"] == "5,004"
+        # what each run trained: 6 steps of 1,000 tokens, its last logged elapsed_s 6 x 0.2
+        assert (cells["steps"], cells["tokens (M)"], cells["elapsed s"]) == ("6", "0.01", "1")
 
     base = np.array(FINAL_BPB["baseline"])
     for variant, beyond in (("layernorm", "yes"), ("mha", "no")):
         ours = np.array(FINAL_BPB[variant])
         noise = 2 * math.sqrt(ours.var(ddof=1) / 3 + base.var(ddof=1) / 3)
-        assert float(rows[variant][5]) == pytest.approx(ours.mean() - base.mean(), abs=1e-4)
-        assert rows[variant][6] == f"{beyond} (2σ {noise:.4f})"
+        assert float(rows[variant]["Δ bpb vs baseline"]) == pytest.approx(ours.mean() - base.mean(), abs=1e-4)
+        assert rows[variant]["beyond seed noise?"] == f"{beyond} (2σ {noise:.4f})"
     # layernorm: +0.09 against 2σ = 0.025; mha: +0.0033 against 0.038
-    assert rows["relu"][4] == "2.5000" and rows["relu"][5] == "+0.4800" and rows["relu"][6] == "n/a"
-    assert rows["baseline"][5] == "(baseline)" and rows["baseline"][6] == ""
+    assert rows["relu"]["val bpb"] == "2.5000" and rows["relu"]["Δ bpb vs baseline"] == "+0.4800" and rows["relu"]["beyond seed noise?"] == "n/a"
+    assert rows["baseline"]["Δ bpb vs baseline"] == "(baseline)" and rows["baseline"]["beyond seed noise?"] == ""
 
     image = imread(png)
     assert image.shape[0] > 300 and image.shape[1] > 600
@@ -114,14 +118,14 @@ def test_incomplete_runs_are_reported_not_averaged(sweep, capsys):
     compare.main([str(sweep)])
     out = capsys.readouterr().out
     rows = table_rows(out)
-    assert rows["baseline"][1] == "3 + 2 incomplete"
-    assert rows["layernorm"][1] == "3 + 2 incomplete"
-    assert rows["mha"][1] == "3 + 1 incomplete"
+    assert rows["baseline"]["runs (n)"] == "3 + 2 incomplete"
+    assert rows["layernorm"]["runs (n)"] == "3 + 2 incomplete"
+    assert rows["mha"]["runs (n)"] == "3 + 1 incomplete"
     for variant, finals in FINAL_BPB.items():  # the 9.0s are not in the means
-        assert mean_pm_std(rows[variant][4]) == pytest.approx((np.mean(finals), np.std(finals, ddof=1)), abs=1e-4)
-    assert rows["postnorm"][1] == "0 + 1 incomplete"
-    assert rows["postnorm"][3] == rows["postnorm"][4] == "incomplete"
-    assert rows["postnorm"][5] == rows["postnorm"][6] == "n/a"
+        assert mean_pm_std(rows[variant]["val bpb"]) == pytest.approx((np.mean(finals), np.std(finals, ddof=1)), abs=1e-4)
+    assert rows["postnorm"]["runs (n)"] == "0 + 1 incomplete"
+    assert rows["postnorm"]["val loss"] == rows["postnorm"]["val bpb"] == "incomplete"
+    assert rows["postnorm"]["Δ bpb vs baseline"] == rows["postnorm"]["beyond seed noise?"] == "n/a"
     assert f"{missing}: no metrics.jsonl" in out
     assert f"{truncated}: metrics.jsonl line {MAX_STEPS} is not JSON" in out
     assert f"{sweep / 'layernorm' / 'seed3'}: stopped at step {MAX_STEPS - 2} of train.max_steps={MAX_STEPS}" in out
@@ -136,15 +140,15 @@ def test_runs_without_a_variant_key_are_grouped_by_config_and_named_by_their_dif
     compare.main([str(tmp_path), "--baseline", "model.norm=rmsnorm"])
     rows = table_rows(capsys.readouterr().out)
     assert set(rows) == {"model.norm=rmsnorm", "model.norm=layernorm"}
-    assert rows["model.norm=layernorm"][1] == "2"
-    assert float(rows["model.norm=layernorm"][5]) == pytest.approx(1.62 - 1.51)
-    assert rows["model.norm=layernorm"][2] == rows["model.norm=layernorm"][8] == "?"  # no summary.json
+    assert rows["model.norm=layernorm"]["runs (n)"] == "2"
+    assert float(rows["model.norm=layernorm"]["Δ bpb vs baseline"]) == pytest.approx(1.62 - 1.51)
+    assert rows["model.norm=layernorm"]["params"] == rows["model.norm=layernorm"]["KV cache bytes/token"] == "?"  # no summary.json
 
 
 def test_unknown_baseline_prints_the_names_to_choose_from(sweep, capsys):
     compare.main([str(sweep), "--baseline", "llama"])
     out = capsys.readouterr().out
-    assert table_rows(out)["layernorm"][5] == ""
+    assert table_rows(out)["layernorm"]["Δ bpb vs baseline"] == ""
     assert "no variant named 'llama'" in out and "'layernorm'" in out
 
 
@@ -186,14 +190,14 @@ def test_lr_sensitivity_best_lr_and_largest_trained_lr_against_a_hand_computatio
     out = capsys.readouterr().out
     rows = table_rows(out)
     init = math.log(64) / 2
-    assert rows["baseline"][1] == "0.002" and rows["postnorm"][1] == "0.002"
-    assert float(rows["baseline"][2]) == pytest.approx((2.00 + 1.80 + init) / 3 - 1.80, abs=1e-4)  # 0.1598
-    assert float(rows["postnorm"][2]) == pytest.approx((init + 1.90 + 1.95) / 3 - 1.90, abs=1e-4)  # 0.0431
-    assert rows["baseline"][3] == "3" and mean_pm_std(rows["baseline"][4]) == pytest.approx(
+    assert rows["baseline"]["best lr"] == "0.002" and rows["postnorm"]["best lr"] == "0.002"
+    assert float(rows["baseline"]["LR sensitivity"]) == pytest.approx((2.00 + 1.80 + init) / 3 - 1.80, abs=1e-4)  # 0.1598
+    assert float(rows["postnorm"]["LR sensitivity"]) == pytest.approx((init + 1.90 + 1.95) / 3 - 1.90, abs=1e-4)  # 0.0431
+    assert rows["baseline"]["runs at best lr (n)"] == "3" and mean_pm_std(rows["baseline"]["val bpb at best lr"]) == pytest.approx(
         (np.mean([1.80, 1.84, 1.82]), np.std([1.80, 1.84, 1.82], ddof=1)), abs=1e-4)
-    assert float(rows["postnorm"][5]) == pytest.approx(1.90 - 1.82, abs=1e-4) and rows["postnorm"][6] == "n/a"
+    assert float(rows["postnorm"]["Δ bpb vs baseline"]) == pytest.approx(1.90 - 1.82, abs=1e-4) and rows["postnorm"]["beyond seed noise?"] == "n/a"
     # trains: below the unigram level 2.6 - 0.1 = 2.5; baseline's 4e-3 diverged, postnorm's 4e-3 is 1.95
-    assert rows["baseline"][7] == "0.002" and rows["postnorm"][7] == "0.004"
+    assert rows["baseline"]["largest lr that trains"] == "0.002" and rows["postnorm"]["largest lr that trains"] == "0.004"
     assert "| baseline | 2.0000 | 1.8000 | diverged |" in out
     numbers = json.loads((tmp_path / "lr.json").read_text())
     assert numbers["init_bpb"] == pytest.approx(init) and numbers["variants"]["baseline"]["diverged"] == [4e-3]
@@ -206,3 +210,18 @@ def test_lr_outputs_without_a_learning_rate_sweep_are_a_one_line_error(sweep, tm
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --lr-plot/--json need a learning-rate sweep") and err.count("\n") == 1
+
+
+def test_runs_that_trained_unequal_tokens_show_it(tmp_path, capsys):
+    """Two 5-minute runs of one config on a machine busy for one of them: 93 and 340 steps. The table shows
+    the range, and a note says the rows are not like with like."""
+    for seed, steps in ((0, 93), (1, 340)):
+        write_run(tmp_path / "runs" / f"seed{seed}", None, seed, 2.0, steps=steps)
+        config = yaml.safe_load((tmp_path / "runs" / f"seed{seed}" / "config.yaml").read_text())
+        config["train"] |= {"max_steps": None, "time_budget": "5m"}
+        (tmp_path / "runs" / f"seed{seed}" / "config.yaml").write_text(yaml.safe_dump(config))
+    compare.main([str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    (row,) = table_rows(out).values()
+    assert (row["runs (n)"], row["steps"], row["tokens (M)"], row["elapsed s"]) == ("2", "93-340", "0.09-0.34", "19-68")
+    assert "note: the runs trained unequal numbers of tokens (0.09-0.34 M)" in out

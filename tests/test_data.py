@@ -169,6 +169,21 @@ def test_unchanged_settings_reuse_the_cache_without_reading_the_corpus(corpus_cf
     assert np.array_equal(second.train, first.train) and np.array_equal(second.val, first.val)
 
 
+def test_the_unigram_level_is_computed_once_with_the_cache(corpus_cfg, monkeypatch):
+    """The val bpb of predicting each val token by its add-one smoothed train frequency, computed here by hand;
+    kept in the manifest, so a later start reads it instead of counting the whole train stream again."""
+    first = prepare_data(corpus_cfg, 16, 4)
+    counts = np.ones(first.tokenizer.vocab_size)
+    for token in np.asarray(first.train):
+        counts[token] += 1
+    nats = -np.mean([math.log(counts[t] / counts.sum()) for t in np.asarray(first.val)])
+    bytes_per_token = first.stats["val"]["bytes"] / first.stats["val"]["tokens"]
+    assert first.unigram_val_bpb == pytest.approx(nats / math.log(2) / bytes_per_token, rel=1e-9)
+    assert json.loads((first.cache_dir / "manifest.json").read_text())["unigram_val_bpb"] == first.unigram_val_bpb
+    monkeypatch.setattr(np, "bincount", lambda *args, **kwargs: pytest.fail("the unigram level was counted again"))
+    assert prepare_data(corpus_cfg, 16, 4).unigram_val_bpb == first.unigram_val_bpb
+
+
 def test_changed_settings_or_corpus_rebuild(corpus_cfg):
     first = prepare_data(corpus_cfg, 16, 4)
     bigger_vocab = prepare_data(dict(corpus_cfg, vocab_size=320), 16, 4)

@@ -33,10 +33,18 @@ def test_random_windows_reach_both_ends_of_the_stream():
 
 
 def test_eval_batches_are_fixed_and_span_the_stream():
-    batches = eval_batches(TOKENS, 4, 16, 3)
-    again = eval_batches(TOKENS, 4, 16, 3)
+    batches = eval_batches(TOKENS, 4, 16, 12)
+    again = eval_batches(TOKENS, 4, 16, 12)
     assert len(batches) == 3
     assert all(torch.equal(x, x2) and torch.equal(y, y2) for (x, y), (x2, y2) in zip(batches, again))
     starts = torch.cat([x[:, 0] for x, _ in batches])
     assert int(starts[0]) == 0 and int(batches[-1][1][-1, -1]) == len(TOKENS) - 1
     assert len(set(starts.tolist())) == 12
+
+
+def test_the_val_windows_do_not_depend_on_the_batch_size():
+    """The same windows in batches of 4, 5 (the last one holding the remaining 2) or 12: a run's val set
+    is fixed by train.eval_tokens alone, whatever its batch size and number of processes."""
+    windows = {size: torch.cat([x for x, _ in eval_batches(TOKENS, size, 16, 12)]) for size in (4, 5, 12)}
+    assert [len(x) for x, _ in eval_batches(TOKENS, 5, 16, 12)] == [5, 5, 2]
+    assert torch.equal(windows[4], windows[5]) and torch.equal(windows[4], windows[12])

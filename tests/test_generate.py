@@ -55,7 +55,7 @@ def greedy(model, prompts, max_new_tokens, use_cache, **kwargs):
 @pytest.mark.parametrize("norm,norm_position,position,attention,ffn", COMBINATIONS)
 def test_cache_equals_recomputation(norm, norm_position, position, attention, ffn):
     model = random_model(COMBINATIONS.index((norm, norm_position, position, attention, ffn)),
-                         norm, norm_position, position, attention, ffn)
+                         norm, norm_position, position, attention, ffn).double()
     prompts = [[1, 5, 9, 13, 17], [2, 40, 3, 63, 7]]
     cached, with_cache = greedy(model, prompts, 6, use_cache=True)
     recomputed, without_cache = greedy(model, prompts, 6, use_cache=False)
@@ -64,9 +64,10 @@ def test_cache_equals_recomputation(norm, norm_position, position, attention, ff
     assert [f[:2] for f in with_cache.forwards] == [(0, 5), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1)]
     assert [f[:2] for f in without_cache.forwards] == [(0, 5), (0, 6), (0, 7), (0, 8), (0, 9), (0, 10)]
     # A cached step multiplies one row where recomputation multiplies the whole prefix, so the kernels sum
-    # in another order: float32 rounding, relative to logits of up to ~10 here.
+    # in another order. In float64 that rounding is ~1e-15 of logits of up to ~10, far below 1e-10, and no
+    # CPU's kernels decide the outcome (in float32 it reached 1.7e-5 on an AMD EPYC).
     for (*_, a), (*_, b) in zip(with_cache.forwards, without_cache.forwards):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_cache_bytes_and_projection_counts():
@@ -87,7 +88,7 @@ def test_cache_bytes_and_projection_counts():
 
 def test_window_slides_when_the_context_is_full():
     # learned positions: a position past the table would crash, so this also shows none is used
-    model = random_model(position="learned", context_length=8)
+    model = random_model(position="learned", context_length=8).double()
     prompt = [[3, 1, 4, 1, 5]]
     cached, with_cache = greedy(model, prompt, 20, use_cache=True)
     recomputed, without_cache = greedy(model, prompt, 20, use_cache=False)
@@ -102,11 +103,12 @@ def test_window_slides_when_the_context_is_full():
         last = 5 + i  # tokens 0 .. last - 1 exist before this forward
         window = torch.tensor([sequence[last - 4:last]])
         expected = model(window)[:, -1]
-        torch.testing.assert_close(with_cache.forwards[i][2], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(with_cache.forwards[i][2], expected, rtol=1e-10, atol=1e-10)
     # A cached step multiplies one row where recomputation multiplies the whole prefix, so the kernels sum
-    # in another order: float32 rounding, relative to logits of up to ~10 here.
+    # in another order. In float64 that rounding is ~1e-15 of logits of up to ~10, far below 1e-10, and no
+    # CPU's kernels decide the outcome (in float32 it reached 1.7e-5 on an AMD EPYC).
     for (*_, a), (*_, b) in zip(with_cache.forwards, without_cache.forwards):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_long_prompt_is_cut_from_the_left_with_a_warning(capsys):

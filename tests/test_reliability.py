@@ -128,6 +128,19 @@ def test_saving_non_finite_weights_is_refused(trained, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_refused_run_leaves_the_latest_link_where_it_was(trained, workdir, tiny):
+    """`latest` moves once a run has started writing: a run refused for a run dir that already holds a checkpoint,
+    or for an empty corpus, leaves it at the newest run that started."""
+    latest = workdir / "latest"
+    assert latest.resolve() == trained.resolve()
+    again = train(trained, *tiny, "train.max_steps=4")
+    assert again.returncode == 2 and "already holds a checkpoint" in last_error(again.stderr)
+    (workdir / "empty.txt").write_text("")
+    empty = train(workdir / "empty-corpus", *tiny, f"data.path={workdir / 'empty.txt'}")
+    assert empty.returncode == 2 and "the train split has no text" in last_error(empty.stderr)
+    assert latest.resolve() == trained.resolve()
+
+
 def test_two_runs_on_one_run_dir(workdir, tiny):
     run_dir = workdir / "shared"
     first = subprocess.Popen([*TRAIN, *tiny, "train.max_steps=100000", f"hydra.run.dir={run_dir}"], cwd=ROOT,

@@ -22,7 +22,7 @@ def study(tmp_path_factory):
     overrides = ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={root / 'cache'}",
                  "data.num_proc=1", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
                  "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.max_steps=6", "train.time_budget=null",
-                 "train.warmup_steps=2", "train.eval_interval=3", "train.eval_batches=2", "wandb.mode=disabled",
+                 "train.warmup_fraction=0.25", "train.eval_interval=3", "train.eval_tokens=512", "wandb.mode=disabled",
                  f"latest_link={root / 'latest'}"]
     out = root / "study"
     args = ["--out", str(out), "--variants", "baseline", "postnorm", "--probe", "postnorm", "--lrs", *map(str, LRS),
@@ -42,7 +42,7 @@ def test_every_point_of_the_study_ran_in_its_own_dir(study):
             assert f"lr: {grid_lr}" in config and f"min_lr: {grid_lr / 10:.6g}" in config
         seeds = sorted(d.name for d in (out / line / f"lr{lr:.4g}").iterdir())
         assert seeds == (["seed0"] if line.endswith("nowarmup") else ["seed0", "seed1"])
-    assert "warmup_steps: 0" in (out / "postnorm-nowarmup" / f"lr{LRS[0]:.4g}" / "seed0" / "config.yaml").read_text()
+    assert "warmup_fraction: 0.0" in (out / "postnorm-nowarmup" / f"lr{LRS[0]:.4g}" / "seed0" / "config.yaml").read_text()
 
 
 def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys):

@@ -5,6 +5,7 @@ Each run is a subprocess (~4 s of imports), so the module shares runs through fi
 import math
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -51,7 +52,9 @@ def test_run_writes_checkpoint_metrics_config_and_summary(full_run):
         assert m["val_ppl"] == pytest.approx(math.exp(m["val_loss"]))
         # bytes per token is about 1 for a 300-piece vocab on this corpus, so bpb ~ val_loss / ln 2
         assert 0.5 < m["val_bpb"] * math.log(2) / m["val_loss"] < 1.5
-    assert lines[-1]["train_loss"] < lines[0]["train_loss"] - 0.3
+    assert lines[-1]["train_loss"] < lines[0]["train_loss"]
+    # the val set is train.eval_tokens, whatever the processes: the 8 windows of 32 tokens of one process
+    assert run_summary(run_dir)["eval_tokens"] == 256 - 0.3
     assert lines[-1]["val_loss"] < evals[0]["val_loss"]
 
     model, ckpt_dir = load_checkpoint(full_run)  # self-contained: config, weights, tokenizer
@@ -119,10 +122,84 @@ def test_sigterm_saves_a_checkpoint_that_resumes(workdir, tiny):
     assert train_state(run_dir)["progress"]["step"] == stopped_at + 2
 
 
+def test_a_signal_during_an_eval_stops_after_it_without_another_step(workdir, tiny):
+    """SIGINT while step 4's eval runs (4,000 windows: seconds, where a step takes milliseconds): the run stops at
+    step 4 once the eval is done, saves it, and its stop line is the last line of the output, after the bar."""
+    run_dir = workdir / "sigint-eval"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *tiny, "train.max_steps=1000",
+                             "train.eval_tokens=128000", "train.ckpt_interval=1000", "train.sample_interval=1000",
+                             f"hydra.run.dir={run_dir}"],
+                            cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # step 4 takes milliseconds: its eval is running now
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
+    assert [m["step"] for m in metrics(run_dir)][-1] == 4 == train_state(run_dir)["progress"]["step"]
+    assert "val_loss" in metrics(run_dir)[-1]
+    last = stderr.rstrip().splitlines()[-1]
+    assert last == (f"SIGINT: stopped after step 4 and saved {run_dir / 'ckpt'}; continue with "
+                    f"python train.py hydra.run.dir={run_dir} train.resume=true")
+
+    resumed = train(run_dir, *tiny, "train.resume=true", "train.max_steps=5", "train.batch_size=4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    notices = [line for line in resumed.stdout.splitlines() if line.startswith("notice:")]
+    assert notices == ["notice: resuming with train.batch_size=4; the checkpoint's steps were trained at 8 "
+                       "(the schedule goes on by step and time, the token count by the new size)"]
+
+
+def test_the_val_set_is_the_same_whatever_the_batch_size(full_run, workdir, tiny):
+    run_dir = workdir / "batch16"
+    done = train(run_dir, *tiny, "train.max_steps=2", "train.batch_size=16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert run_summary(run_dir)["eval_tokens"] == run_summary(full_run)["eval_tokens"] == 256
+
+
+def test_a_lost_process_saves_its_last_step_and_exits_2_with_one_line(workdir, tiny):
+    """Two processes (gloo) started as torchrun starts them; rank 1 is killed with SIGKILL mid-run. Rank 0
+    saves the last step it completed, says which rank it lost in one `error:` line, exits 2, and the
+    checkpoint resumes."""
+    run_dir = workdir / "lost-rank"
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    never = "100000"
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *tiny, f"train.max_steps={never}",
+                               "train.micro_batch_size=2", f"train.eval_interval={never}",
+                               f"train.ckpt_interval={never}", f"train.sample_interval={never}",
+                               f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**TRAIN_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                              "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)})
+             for rank in (0, 1)]
+    deadline = time.time() + 120
+    while procs[0].poll() is None and time.time() < deadline:
+        if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3:
+            break
+        time.sleep(0.1)
+    procs[1].kill()
+    procs[1].communicate(timeout=60)
+    _, stderr = procs[0].communicate(timeout=120)
+    assert procs[0].returncode == 2, stderr[-3000:]
+    [line] = error_lines(stderr)
+    assert stderr.rstrip().splitlines()[-1] == line and "Traceback" not in stderr
+    step = train_state(run_dir)["progress"]["step"]
+    assert line.startswith(f"error: lost process rank 1 of 2 after step {step} (")
+    assert f"saved {run_dir / 'ckpt'} at step {step}" in line and "train.resume=true" in line
+    assert step >= 3 and run_summary(run_dir)["stop_reason"] == f"lost a process after step {step}"
+
+    resumed = train(run_dir, *tiny, "train.resume=true", f"train.max_steps={step + 1}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert train_state(run_dir)["progress"]["step"] == step + 1
+
+
 def test_divergence_stops_and_keeps_the_last_good_checkpoint(workdir, tiny):
     """lr=1e6 really diverges: AdamW's steps of ~lr overflow the weights within a few steps."""
     run_dir = workdir / "diverged"
-    done = train(run_dir, *tiny, "train.lr=1e6", "train.warmup_steps=0", "train.max_steps=50",
+    done = train(run_dir, *tiny, "train.lr=1e6", "train.warmup_fraction=0", "train.max_steps=50",
                  "train.ckpt_interval=1")
     assert done.returncode == 1, done.stderr[-3000:]
     [message] = error_lines(done.stderr)

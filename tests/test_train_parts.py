@@ -9,6 +9,7 @@ from model.config import ConfigError, ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError
 from training.config import check_train_config
+from training.horizon import Horizon
 from training.optim import lr_at, make_optimizer
 from training.settings import CONFIG_DIR
 from training.state import checkpoint_to_resume
@@ -40,23 +41,28 @@ def test_weight_decay_goes_to_matrices_only():
     assert len(decayed_names) + len(plain_names) == len(list(model.parameters()))
 
 
+def step_lrs(train, steps: int) -> list[float]:
+    horizon = Horizon(train.max_steps, train.lr_decay_steps, None)
+    return [lr_at(*horizon.position(step, 0.0, 0.0), train) for step in range(steps)]
+
+
 def test_lr_warms_up_linearly_then_follows_the_cosine_down_to_min_lr():
-    train = train_settings(lr=1.0, min_lr=0.1, warmup_steps=4, max_steps=14)
-    lrs = [lr_at(step, train) for step in range(16)]
-    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    train = train_settings(lr=1.0, min_lr=0.1, warmup_fraction=4 / 14, max_steps=14)
+    lrs = step_lrs(train, 16)
+    assert lrs[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0], rel=1e-12)
     assert lrs[4] == 1.0  # the cosine starts at its top
     assert lrs[9] == pytest.approx(0.55)  # half-way through the 10 decay steps: (lr + min_lr) / 2
     assert all(a > b for a, b in zip(lrs[4:14], lrs[5:14]))
     assert lrs[14:] == [0.1, 0.1]
-    no_warmup = train_settings(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=10)
-    assert lr_at(0, no_warmup) == 1.0
+    no_warmup = train_settings(lr=1.0, min_lr=0.0, warmup_fraction=0, max_steps=10)
+    assert step_lrs(no_warmup, 1) == [1.0]
 
 
 def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     """Training N/2 steps with lr_decay_steps=N follows the N-step run's schedule exactly."""
     full = train_settings(max_steps=20)
     half = train_settings(max_steps=10, lr_decay_steps=20)
-    assert [lr_at(s, half) for s in range(10)] == [lr_at(s, full) for s in range(10)]
+    assert step_lrs(half, 10) == step_lrs(full, 10)
 
 
 @pytest.mark.parametrize("changes, world_size, message", [
@@ -72,7 +78,8 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
                                        "10m, 1h30m, 2m30s"),
     ({"max_steps": 0}, 1, "train.max_steps=0 must be a positive integer"),
     ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be a number in [0, train.lr=0.01]"),
-    ({"warmup_steps": -1}, 1, "train.warmup_steps=-1 must be an integer >= 0"),
+    ({"warmup_fraction": 1.0}, 1, "train.warmup_fraction=1.0 must be a number in [0, 1)"),
+    ({"reference_tokens_per_s": 0.0}, 1, "train.reference_tokens_per_s=0.0 must be a positive number or null"),
 ])
 def test_train_settings_checks(changes, world_size, message):
     train = train_settings(**changes)
@@ -99,6 +106,8 @@ def test_a_null_micro_batch_is_the_largest_divisor_up_to_the_maximum(batch_size,
       "attention": "mha", "ffn": "swiglu", "data": "shakespeare"}, "llama_tiny-norm=layernorm-attention=mha"),
     ({"model": "transformer2017_tiny", "norm": "layernorm", "norm_position": "post", "position": "rope",
       "attention": "mha", "ffn": "relu", "data": "shakespeare"}, "transformer2017_tiny-position=rope"),
+    ({"model": "llama_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
+      "ffn": "relu", "data": "shakespeare", "experiment": "quick"}, "quick-ffn=relu"),
 ])
 def test_default_run_name_lists_the_groups_switched_away_from_the_preset(choices, name):
     assert default_run_name(choices) == name

@@ -1,4 +1,4 @@
-"""train.time_budget: a run that ends when its wall-clock budget is spent, its schedule a function of time.
+"""train.time_budget: a run that ends when its wall-clock budget is spent.
 
 The clock is the run's training time, `elapsed_s` in metrics.jsonl: everything inside the training loop
 (steps, with torch.compile's compilation in the first ones; evals, samples, checkpoints), summed over every
@@ -7,15 +7,16 @@ resume. Data preparation and model set-up come before it and do not count; summa
 
 The end has to fit inside the budget: the last step is followed by an eval, a sample and a checkpoint.
 Their cost is reserved: measured each time one happens (the largest seen); before that, an eval is
-taken to cost eval_batches forward passes at half a training micro-step each, a sample
-`SAMPLE_S_PER_TOKEN` per token, and a checkpoint its bytes (weights and AdamW's two moments, 12 bytes
-a parameter) at `CKPT_BYTES_PER_S`, all on the generous side.
+taken to cost `eval_per_step` training steps, a sample `SAMPLE_S_PER_TOKEN` per token, and a checkpoint
+its bytes (weights and AdamW's two moments, 12 bytes a parameter) at `CKPT_BYTES_PER_S`, all on the
+generous side. A step's time is the latest step's, except the first of each session: that one carries
+the warm-up (torch.compile's compilation, the allocator's first requests) and would reserve ten
+times too much.
 Steps go on while one more step and the reserve still fit; the step after which another would not fit
-is the last, and runs at the schedule's floor. The schedule (training/optim.py) spans the time left for
-steps, budget - reserve, so its fraction reaches 1 at the last step.
+is the last. training/horizon.py turns the time into the schedule's fraction.
 
 A budgeted run's step count depends on the machine's speed, so it is not bit-exact across machines or
-even across runs; a run counted in steps (train.max_steps alone) stays bit-exact.
+even across runs; a run counted in steps (train.time_budget=null) stays bit-exact.
 """
 import re
 
@@ -53,11 +54,15 @@ class TimeBudget:
         self.costs = {"eval": 0.0, "sample": sample_tokens * SAMPLE_S_PER_TOKEN,
                       "ckpt": 12 * num_params / CKPT_BYTES_PER_S}
         self.measured: set[str] = set()
-        self.step_s = 0.0  # the latest step's time
+        self.step_s = 0.0  # the latest step's time, 0 until a session's second step
+        self.session_steps = 0
 
     def record(self, what: str, seconds: float) -> None:
         """The time one step, eval, sample or checkpoint took."""
         if what == "step":
+            self.session_steps += 1
+            if self.session_steps == 1:  # the warm-up step: see the module docstring
+                return
             self.step_s = seconds
             if "eval" not in self.measured:
                 self.costs["eval"] = self.eval_per_step * seconds
@@ -82,8 +87,3 @@ class TimeBudget:
     def is_last_step(self, elapsed: float) -> bool:
         """This step fits, but a step after it would not."""
         return elapsed + 2 * self.step_s > self.for_steps
-
-    def fraction(self, elapsed: float, step_s: float) -> tuple[float, float]:
-        """For the schedule: the fraction of the steps' time done before this step, and the fraction
-        this step takes (its forward and backward so far: the lr is needed only by the update)."""
-        return elapsed / self.for_steps, step_s / self.for_steps

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from model.config import ConfigError, ModelConfig
 from training.budget import parse_duration
 
-POSITIVE_INTS = ("batch_size", "eval_interval", "eval_batches", "log_interval", "ckpt_interval",
+POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
                  "sample_interval", "sample_tokens")
 MAX_MICRO_BATCH = 16  # sequences per forward/backward per process when train.micro_batch_size=null
 
@@ -42,8 +42,9 @@ def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
         raise ConfigError(f"train.lr={train.lr} must be a positive number")
     if not 0 <= train.min_lr <= train.lr:
         raise ConfigError(f"train.min_lr={train.min_lr} must be a number in [0, train.lr={train.lr}]")
-    if train.warmup_steps < 0:
-        raise ConfigError(f"train.warmup_steps={train.warmup_steps} must be an integer >= 0")
+    if train.reference_tokens_per_s is not None and not 0 < train.reference_tokens_per_s < math.inf:
+        raise ConfigError(f"train.reference_tokens_per_s={train.reference_tokens_per_s} must be a positive number "
+                          f"or null")
     for key in ("weight_decay", "grad_clip", "sample_temperature"):
         if not 0 <= train[key] < math.inf:
             raise ConfigError(f"train.{key}={train[key]} must be a number >= 0")
@@ -64,6 +65,14 @@ def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
                           f"train.micro_batch_size={micro}; set train.micro_batch_size to one of "
                           f"{', '.join(map(str, fits))}, or null to choose")
     return micro, per_process // micro
+
+
+def eval_window_count(train: DictConfig, context_length: int) -> int:
+    """The val set's windows of context_length tokens: train.eval_tokens of them, rounded down."""
+    if train.eval_tokens < context_length:
+        raise ConfigError(f"train.eval_tokens={train.eval_tokens} must be at least one window of "
+                          f"model.context_length={context_length} tokens")
+    return train.eval_tokens // context_length
 
 
 def model_config(cfg: DictConfig) -> ModelConfig:

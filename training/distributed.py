@@ -52,16 +52,40 @@ def master_first(ddp: Distributed):
         dist.barrier()
 
 
-def agree_on_step(ddp: Distributed, loss: torch.Tensor, stop_signal: int) -> tuple[float, int]:
-    """Averages the step's loss over the processes and spreads a stop request to all of them,
-    so every process logs the same loss and stops (or goes on) at the same step."""
+def agree_on_signal(ddp: Distributed, stop_signal: int) -> int:
+    """A stop request on any process, spread to all of them before a step, so that every process stops
+    at the same step, and none starts one that another will not finish."""
     if ddp.world_size == 1:
-        return loss.item(), stop_signal
+        return stop_signal
+    signal = torch.tensor(stop_signal, device=ddp.device)
+    dist.all_reduce(signal, op=dist.ReduceOp.MAX)
+    return int(signal.item())
+
+
+def mean_over_processes(ddp: Distributed, loss: torch.Tensor) -> float:
+    """The step's loss averaged over the processes, so that every process logs the same number."""
+    if ddp.world_size == 1:
+        return loss.item()
     loss = loss.detach().float().clone()
     dist.all_reduce(loss)
-    signal = torch.tensor(stop_signal, device=loss.device)
-    dist.all_reduce(signal, op=dist.ReduceOp.MAX)
-    return loss.item() / ddp.world_size, int(signal.item())
+    return loss.item() / ddp.world_size
+
+
+def lost_a_process(ddp: Distributed, err: RuntimeError) -> bool:
+    """Whether a collective failed because a peer is gone: NCCL raises DistError, gloo a RuntimeError from
+    its TCP transport (connection reset or closed by the peer)."""
+    return ddp.world_size > 1 and (isinstance(err, dist.DistError) or "gloo/transport" in str(err))
+
+
+def lost_process_line(ddp: Distributed, err: Exception, step: int, run_dir) -> str:
+    """The `error:` line of a run whose peer process died. With two processes the lost one is the other;
+    with more, the backend's message says which connection broke."""
+    others = [r for r in range(ddp.world_size) if r != ddp.rank]
+    lost = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {others[0]}..{others[-1]}"
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return (f"error: lost process {lost} of {ddp.world_size} after step {step} ({reason}); saved {run_dir / 'ckpt'} "
+            f"at step {step}: continue with torchrun ... train.py hydra.run.dir={run_dir} train.resume=true "
+            f"(torchrun --max-restarts=N does that by itself)")
 
 
 def from_master(ddp: Distributed, values: list[float]) -> list[float]:

@@ -9,32 +9,36 @@ loss per token but not the cost per byte, so bpb compares runs across vocab size
 import math
 from contextlib import AbstractContextManager
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 
 def next_token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """x, y: [B, T] token ids, y[:, t] the token after x[:, t]. The logits [B, T, V] go to fp32
-    for the softmax, which bf16 autocast would otherwise compute in bf16."""
-    return F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
+    """x, y: [B, T] token ids, y[:, t] the token after x[:, t]. The logits [B, T, V] go to fp32 at
+    least for the softmax, which bf16 autocast would otherwise compute in bf16 (fp64 stays fp64)."""
+    logits = model(x).flatten(0, 1)
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y.flatten())
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast: AbstractContextManager,
              bytes_per_token: float) -> dict:
+    """The metrics over every token of the batches (the last batch may be the smaller: each counts by its tokens)."""
     model.eval()
     with autocast:
-        val_loss = sum(next_token_loss(model, x, y).item() for x, y in batches) / len(batches)
+        nats = sum(next_token_loss(model, x, y).item() * y.numel() for x, y in batches)
     model.train()
+    val_loss = nats / sum(y.numel() for _, y in batches)
     val_ppl = math.exp(val_loss) if val_loss < 700 else math.inf  # exp(710) overflows a float
     return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2) / bytes_per_token, "val_ppl": val_ppl}
 
 
-def unigram_bpb(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: int, bytes_per_token: float) -> float:
-    """The val bpb of the unigram solution: each val token predicted by its add-one smoothed frequency
-    in the train split, whatever came before it. A model stuck near it has learnt no use of context."""
-    counts = np.bincount(train_tokens, minlength=vocab_size)[:vocab_size] + 1.0
-    nats = -np.log(counts[val_tokens] / counts.sum()).mean()
-    return float(nats / math.log(2) / bytes_per_token)
+def divergence(train_loss: float, grad_norm: float, model: nn.Module) -> str | None:
+    """What went non-finite, or None: a NaN/inf loss or gradient, or weights that AdamW pushed to inf (its
+    decay term with a huge lr). The weights are the same on every process, so all reach the same verdict."""
+    weights_finite = torch.stack([p.isfinite().all() for p in model.parameters()]).all().item()
+    if math.isfinite(train_loss) and math.isfinite(grad_norm) and weights_finite:
+        return None
+    return (f"train loss {train_loss:.4g}, grad norm {grad_norm:.4g}, "
+            f"weights {'finite' if weights_finite else 'not finite'}")

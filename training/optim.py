@@ -5,16 +5,13 @@ token embedding and the LM head tied to it). Not decayed: norm gains and biases,
 the learned position table: pulling them towards 0 would fight their role (a gain of 1, an offset,
 a position signal) without any regularising benefit.
 
-The schedule is one shape over the fraction f of the run done before a step (warm-up fraction w,
-and s the fraction one step takes):
-    warm-up   f < w:      lr * min(1, (f + s) / w)
+The learning rate is one shape over the fraction f of the run done before a step, and s, the
+fraction that step takes (training/horizon.py gives both, from whichever limit is nearer its end):
+    warm-up   f < w:      lr * min(1, (f + s) / w)            w = train.warmup_fraction
     cosine    w <= f < 1: min_lr + (lr - min_lr) * (1 + cos(pi * (f - w) / (1 - w))) / 2
     floor     f >= 1:     min_lr
-A run counted in steps (lr_at) has f = step / S, s = 1 / S and w = W / S, with W = train.warmup_steps
-and S = train.lr_decay_steps (train.max_steps unless set): the warm-up is lr * (step + 1) / W. It is
-a function of the step alone, so the step is all a resumed run needs to continue it, bit for bit.
-A run counted in time (train.time_budget, training/budget.py) has f = elapsed / the time left for
-training steps, s = a step's measured time over it, and w = train.warmup_fraction.
+Counted in steps, f = step / S and s = 1 / S, so the warm-up is lr * (step + 1) / (w S): a function of the
+step alone, which is all a resumed run needs to continue it bit for bit.
 """
 import math
 
@@ -32,12 +29,9 @@ def make_optimizer(model: nn.Module, train: DictConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=True)
 
 
-def lr_at(step: int, train: DictConfig) -> float:
-    decay_steps = train.lr_decay_steps
-    return lr_at_fraction(step / decay_steps, 1 / decay_steps, train.warmup_steps / decay_steps, train)
-
-
-def lr_at_fraction(done: float, step: float, warmup: float, train: DictConfig) -> float:
+def lr_at(done: float, step: float, train: DictConfig) -> float:
+    """The learning rate of a step that starts at fraction `done` of the run and takes fraction `step` of it."""
+    warmup = train.warmup_fraction
     if done < warmup:
         return train.lr * min(1.0, (done + step) / warmup)
     if done >= 1:

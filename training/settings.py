@@ -29,14 +29,13 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     micro_batch_size: Optional[int] = MISSING
     lr: float = MISSING
     min_lr: float = MISSING
-    warmup_steps: int = MISSING
     warmup_fraction: float = MISSING
     lr_decay_steps: Optional[int] = MISSING
     weight_decay: float = MISSING
     betas: list[float] = MISSING
     grad_clip: float = MISSING
     eval_interval: int = MISSING
-    eval_batches: int = MISSING
+    eval_tokens: int = MISSING
     log_interval: int = MISSING
     ckpt_interval: int = MISSING
     sample_interval: int = MISSING
@@ -48,6 +47,7 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     resume: bool = MISSING
     compile: bool = MISSING
     device: str = MISSING
+    reference_tokens_per_s: Optional[float] = MISSING
 
 
 @dataclass

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from model.config import ConfigError
@@ -41,8 +43,9 @@ def has_wandb_login() -> bool:
 
 
 def default_run_name(choices: dict) -> str:
-    """The preset, then every component group chosen differently from the preset's own defaults,
-    e.g. `llama_tiny-norm=layernorm-ffn=relu` (choices: Hydra's group -> option of this run)."""
+    """The experiment (+experiment=quick) or else the preset, then every component group chosen differently
+    from the preset's own defaults, e.g. `llama_tiny-norm=layernorm-ffn=relu`, `quick-ffn=relu` (choices:
+    Hydra's group -> option of this run)."""
     preset = choices["model"]
     preset_defaults = OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml").get("defaults", [])
     switched = []
@@ -51,7 +54,7 @@ def default_run_name(choices: dict) -> str:
             group = key.removeprefix("override /")
             if choices.get(group) != option:
                 switched.append(f"{group}={choices.get(group)}")
-    return "-".join([preset, *switched])
+    return "-".join([choices.get("experiment") or preset, *switched])
 
 
 def write_json(path: Path, values: dict) -> None:
@@ -71,6 +74,72 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
         except (json.JSONDecodeError, KeyError, TypeError):
             break
     atomic_write(path, lambda f: f.write("".join(kept).encode()))
+
+
+def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progress, resumed: bool, model,
+                   data, eval_tokens: int) -> "Tracker":
+    """Writes the run's resolved config.yaml (saying so when a resume changes the batch size) and opens its
+    metrics, summary and W&B run."""
+    config_file = run_dir / "config.yaml"
+    if resumed and config_file.exists():
+        before = OmegaConf.load(config_file).train.batch_size
+        if before != cfg.train.batch_size:
+            print(f"notice: resuming with train.batch_size={cfg.train.batch_size}; the checkpoint's steps were "
+                  f"trained at {before} (the schedule goes on by step and time, the token count by the new size)")
+    OmegaConf.save(cfg, config_file, resolve=True)
+    group = cfg.wandb.group or (HydraConfig.get().sweep.dir if HydraConfig.get().mode == RunMode.MULTIRUN else None)
+    return Tracker(run_dir, cfg, mode, name, group, progress.wandb_id,
+                   summary={"num_params": model.num_params(), "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(),
+                            "vocab_size": model.cfg.vocab_size, "name": name, "eval_tokens": eval_tokens,
+                            "unigram_val_bpb": data.unigram_val_bpb},
+                   resume_step=progress.step if resumed else None)
+
+
+class Throughput:
+    """Training tokens per second: of the session (summary.json), of the steps since the last logged line
+    (metrics.jsonl) and of one step (the progress bar). The first step's time is kept apart: with
+    train.compile=true it is the compilation."""
+
+    def __init__(self, tokens_per_step: int):
+        self.tokens_per_step = tokens_per_step
+        self.steps, self.seconds = 0, 0.0
+        self.window_steps, self.window_seconds = 0, 0.0
+        self.first_step_s = None
+
+    def add(self, step_s: float) -> None:
+        self.first_step_s = self.first_step_s or step_s
+        self.steps, self.seconds = self.steps + 1, self.seconds + step_s
+        self.window_steps, self.window_seconds = self.window_steps + 1, self.window_seconds + step_s
+
+    def step_rate(self, step_s: float) -> float:
+        return self.tokens_per_step / step_s
+
+    def window_rate(self) -> float:
+        """Since the last call."""
+        rate = self.window_steps * self.tokens_per_step / self.window_seconds
+        self.window_steps, self.window_seconds = 0, 0.0
+        return rate
+
+    @property
+    def session_rate(self) -> float | None:
+        return self.steps * self.tokens_per_step / self.seconds if self.seconds else None
+
+    def summary(self) -> dict:
+        return {"tokens_per_s": self.session_rate, "first_step_s": self.first_step_s}
+
+
+def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per_s: float | None) -> str:
+    """How much the run trained, and its speed against the reference: a time budget is wall-clock, so a busy
+    or slower machine buys fewer steps with it."""
+    line = (f"{name}: done: {progress.step:,} steps, {progress.tokens / 1e6:.2f} M tokens in {progress.elapsed_s:.1f} s"
+            f" of training")
+    rate = meter.session_rate
+    if rate is not None:
+        line += f", {rate:,.0f} tokens/s"
+        if reference_tokens_per_s:
+            line += (f" ({rate / reference_tokens_per_s:.0%} of train.reference_tokens_per_s="
+                     f"{reference_tokens_per_s:,.0f}, this configuration's rate on an idle 2-core machine)")
+    return line
 
 
 class Tracker:

@@ -1,0 +1,75 @@
+"""Where a run stands between its start and its end: one horizon over whichever limits are set.
+
+A run ends at train.max_steps, when train.time_budget is spent, or at whichever comes first when both
+are set. Its schedule (training/optim.py) follows the same limits, so the limit that ends the run also
+ends its warm-up and its cosine:
+
+    f = max(step / S, elapsed / B)          the fraction of the run done before a step
+    s = 1 / S  or  step_s / B               the fraction the step takes, by the limit that gives f
+
+S is the schedule's length in steps (train.lr_decay_steps, which is train.max_steps unless set, to train
+in pieces), B the budget's time for steps (the budget less the reserve for the end, training/budget.py).
+The step after which the budget has no room for another is the last, and runs at the floor (f = 1).
+Counted in steps alone, f is a function of the step, so such a run is bit-exact and resumes bit for bit.
+"""
+import math
+import time
+from contextlib import contextmanager
+
+from training.budget import TimeBudget
+
+
+class Horizon:
+    def __init__(self, max_steps: int | None, schedule_steps: int | None, budget: TimeBudget | None):
+        self.max_steps = max_steps or math.inf
+        self.schedule_steps = schedule_steps
+        self.budget = budget
+
+    def describe(self) -> str:
+        """Which limit drives the run, for its first line."""
+        steps = f"train.max_steps={self.max_steps}" if self.max_steps < math.inf else None
+        budget = f"train.time_budget={self.budget.seconds:g} s" if self.budget else None
+        if steps and budget:
+            return f"ends at {steps} or when {budget} is spent, whichever comes first; the schedule follows that one"
+        if self.schedule_steps is not None and self.schedule_steps != self.max_steps:
+            return f"ends at {steps}; the schedule spans train.lr_decay_steps={self.schedule_steps}"
+        return f"ends at {steps or budget}; the schedule follows it"
+
+    def spent(self, step: int, elapsed: float) -> bool:
+        """No room for another step: a resumed run whose limit was already reached."""
+        return step >= self.max_steps or (self.budget is not None and self.budget.spent(elapsed))
+
+    def is_last(self, step: int, elapsed: float) -> bool:
+        """The step that starts after `step` steps and `elapsed` seconds is the run's last."""
+        return step + 1 >= self.max_steps or self.budget_ends_after(elapsed)
+
+    def budget_ends_after(self, elapsed: float) -> bool:
+        return self.budget is not None and self.budget.is_last_step(elapsed)
+
+    def position(self, step: int, elapsed: float, step_s: float) -> tuple[float, float]:
+        """(f, s) of the step in progress, step_s its time so far (the lr is needed only by the update)."""
+        if self.budget_ends_after(elapsed):
+            return 1.0, 0.0
+        candidates = []
+        if self.schedule_steps is not None:
+            candidates.append((step / self.schedule_steps, 1 / self.schedule_steps))
+        if self.budget is not None:
+            candidates.append((elapsed / self.budget.for_steps, step_s / self.budget.for_steps))
+        return max(candidates)
+
+    def summary(self, step: int, elapsed: float, completed: bool) -> dict:
+        """For summary.json: the steps, the budget's share spent and, for a run that completed, which limit ended it."""
+        record = {"steps": step}
+        if self.budget is not None:
+            record |= {"time_budget_s": self.budget.seconds, "budget_fraction": elapsed / self.budget.seconds}
+        if completed:
+            record["ended_by"] = "max_steps" if step >= self.max_steps else "time_budget"
+        return record
+
+    @contextmanager
+    def timed(self, what: str):
+        """Times an eval, a sample or a checkpoint, for the budget's reserve."""
+        started = time.perf_counter()
+        yield
+        if self.budget is not None:
+            self.budget.record(what, time.perf_counter() - started)

@@ -1,0 +1,50 @@
+"""A multirun (python train.py -m ...) that keeps every run and fails loudly.
+
+Each job trains in a dir of its own, named by the overrides that differ between the jobs: the keys swept
+on the command line (train.lr=1e-3,1e-2) or in hydra.sweeper.params, with this job's values, e.g.
+multirun/<date>/<time>/train.lr=0.001 (configs/config.yaml's hydra.sweep.subdir, `${swept:}`). The
+overrides every job shares stay out of the name, which they would make longer than a file name may be.
+A job that fails does not stop the others: the sweep goes on, and at its end FailedJobs makes the whole
+command exit 1 with one `error:` line that names every failed job, so a sweep that lost runs never
+reports success. (A signal still stops the sweep at once: train.py exits with it.)
+"""
+import sys
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
+from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
+
+
+def swept_keys(command_line: list[str], sweeper_params) -> set[str]:
+    """The keys a multirun sweeps: those with several values on the command line, and hydra.sweeper.params'."""
+    overrides = OverridesParser.create().parse_overrides([a for a in command_line if not a.startswith("-")])
+    return {o.key_or_group for o in overrides if o.is_sweep_override()} | set(sweeper_params or {})
+
+
+def swept(_root_) -> str:
+    """This job's values of the swept keys as key=value,key=value (the keys that
+    hydra.job.config.override_dirname.exclude_keys names left out), for its dir's name."""
+    hydra = _root_.hydra
+    keys = swept_keys(sys.argv[1:], hydra.sweeper.get("params")) - set(hydra.job.config.override_dirname.exclude_keys)
+    own = OverridesParser.create().parse_overrides(list(hydra.overrides.task))
+    return ",".join(sorted(o.input_line for o in own if o.key_or_group in keys)) or "run"
+
+
+OmegaConf.register_new_resolver("swept", swept, replace=True)
+
+
+class FailedJobs(Callback):
+    def __init__(self):
+        self.jobs, self.failed = 0, []
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        self.jobs += 1
+        code = job_return._return_value if job_return.status == JobStatus.COMPLETED else "an exception"
+        if code:
+            self.failed.append(f"{job_return.hydra_cfg.hydra.runtime.output_dir} (exit {code})")
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        if self.failed:
+            print(f"error: {len(self.failed)} of {self.jobs} jobs failed: {', '.join(self.failed)}", file=sys.stderr)
+            sys.exit(1)
