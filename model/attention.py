@@ -10,7 +10,12 @@ broadcasts them instead of materialising H copies.
 
 With RoPE, q and k are rotated by their absolute positions before the dot product. With a
 KV cache, the new tokens start at absolute position `start` and attend to every cached one.
+
+sdpa never materialises the attention weights; attention_scores and attention_weights below compute
+them from Attention.heads' q and k for what looks inside the model (training/diagnostics.py, insight/).
 """
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,3 +71,18 @@ def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor | None:
     keys = torch.arange(n_keys, device=device)
     queries = torch.arange(offset, n_keys, device=device)
     return keys[None, :] <= queries[:, None]
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """q: [B, H, T_q, D], k: [B, H_kv, T_k, D] -> q k^T / sqrt(D): [B, H, T_q, T_k], in q's dtype. Query head h
+    reads K/V head h // (H / H_kv), the grouping enable_gqa gives sdpa."""
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+
+
+def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + causal mask) for q and k of the same T positions: [B, H, T, T], row t the
+    weights query t gives keys 0 .. t, the ones forward's sdpa applies to v."""
+    T = q.shape[-2]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return attention_scores(q, k).masked_fill(future, -math.inf).softmax(dim=-1)

@@ -4,7 +4,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("model", "data", "training", "generation", "storage", "interop")
+PACKAGES = ("model", "data", "training", "generation", "storage", "interop", "insight")
 
 
 def repo_modules() -> dict[str, Path]:

@@ -15,11 +15,11 @@ training model's gradients, optimizer and DDP hooks are untouched, so a run trai
 without it.
 """
 import copy
-import math
 
 import torch
 import torch.nn.functional as F
 
+from model.attention import attention_weights
 from model.transformer import Transformer
 from training.evaluate import next_token_loss
 
@@ -36,16 +36,18 @@ def position_cosine(h: torch.Tensor) -> float:
     return (total / (T * (T - 1))).mean().item()
 
 
+def normalised_entropy(weights: torch.Tensor) -> torch.Tensor:
+    """weights: [..., T, T] causal attention rows (model.attention.attention_weights) -> [..., T - 1]: the
+    entropy of row t over ln(t + 1), for t >= 1 (row 0 sees one key: entropy 0 of max 0)."""
+    T = weights.shape[-1]
+    entropy = -(weights * weights.clamp_min(1e-30).log()).sum(dim=-1)[..., 1:]
+    visible = torch.arange(2, T + 1, device=weights.device, dtype=entropy.dtype)
+    return entropy / visible.log()
+
+
 def attention_entropy(q: torch.Tensor, k: torch.Tensor) -> float:
     """q: [B, H, T, D], k: [B, H_kv, T, D] -> the mean normalised entropy of the causal attention rows."""
-    T, D = q.shape[-2], q.shape[-1]
-    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # each K/V head serves its group of query heads
-    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(D)
-    scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), -math.inf)
-    p = scores.softmax(dim=-1)
-    entropy = -(p * p.clamp_min(1e-30).log()).sum(dim=-1)[..., 1:]  # row 0 sees one key: entropy 0 of max 0
-    visible = torch.arange(2, T + 1, device=q.device, dtype=entropy.dtype)
-    return (entropy / visible.log()).mean().item()
+    return normalised_entropy(attention_weights(q, k)).mean().item()
 
 
 def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:

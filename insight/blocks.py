@@ -1,0 +1,53 @@
+"""What each block does to the residual stream, on the prompt, and what its FFN's activation looks like.
+
+The stream: training/diagnostics.py's layer_stats (its formulas are there) with the prompt as the batch and
+its next tokens as the targets: per block the stream's rms, each branch's rms over the stream's, the mean
+cosine between positions and the gradient norm of the block's weights for that one batch's loss.
+
+The FFN: the activation of each block's hidden units, read by a forward hook at the input projection's output
+and put through the block's own activation function:
+    SwiGLU: silu(x W1), the gate (before it multiplies x W3)      ReLU / GELU: relu(x W1) / gelu(x W1)
+zero: the fraction exactly 0; near zero: the fraction with |a| < NEAR_ZERO * rms(a) over the layer.
+"""
+import torch
+
+from model.transformer import Transformer
+from training.diagnostics import layer_stats
+
+STREAM_STATS = ("stream_rms", "attn_ratio", "ffn_ratio", "position_cos", "grad_norm")
+NEAR_ZERO = 0.1  # of the layer's activation rms: a unit a tenth as loud as a typical one passes little
+HISTOGRAM_BINS = 60
+
+
+def residual_stream(model: Transformer, tokens: torch.Tensor) -> dict:
+    """tokens [1, T] (T >= 3, so that the batch tokens[:, :-1] has two positions to compare) -> {stat: [block]}."""
+    stats = layer_stats(model, tokens[:, :-1], tokens[:, 1:])
+    return {name: [stats[f"diag/{name}/{i}"] for i in range(len(model.blocks))] for name in STREAM_STATS}
+
+
+def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
+    """tokens [1, T] -> the FFN kind, per layer the zero and near-zero fractions, and the histogram of every
+    layer's activations together (density over HISTOGRAM_BINS bins between their 0.1% and 99.9% quantiles)."""
+    found = []
+
+    def keep(ffn):
+        def hook(_w_in, _inputs, output):
+            found.append(ffn.activation(output.chunk(2, dim=-1)[0] if ffn.gated else output).flatten())
+        return hook
+
+    hooks = [block.ffn.w_in.register_forward_hook(keep(block.ffn)) for block in model.blocks]
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    every = torch.cat(found)
+    low, high = torch.quantile(every, torch.tensor([0.001, 0.999])).tolist()
+    counts = torch.histc(every.clamp(low, high), HISTOGRAM_BINS, low, high)
+    width = (high - low) / HISTOGRAM_BINS
+    return {"kind": model.cfg.ffn,
+            "zero": [(a == 0).float().mean().item() for a in found],
+            "near_zero": [(a.abs() < NEAR_ZERO * a.pow(2).mean().sqrt()).float().mean().item() for a in found],
+            "edges": torch.linspace(low, high, HISTOGRAM_BINS + 1).tolist(),
+            "density": (counts / (counts.sum() * width)).tolist()}

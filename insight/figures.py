@@ -1,0 +1,217 @@
+"""The report's figures, drawn from its numbers alone (the dict report.json holds), one PNG each.
+
+Checkpoints share each figure: side by side in panels, or as lines of one colour each in the same axes,
+labelled as the report labels them (by the switches in which they differ).
+"""
+import io
+
+from matplotlib.figure import Figure
+
+DPI = 100
+TOKEN_LABELS_UP_TO = 48  # more tokens than this on an axis and every label would overlap its neighbours
+
+
+def png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    return buffer.getvalue()
+
+
+def colour(i: int) -> str:
+    return f"C{i % 10}"
+
+
+def kv_cache(report: dict) -> Figure:
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    per_token, total = fig.subplots(1, 2)
+    for i, ckpt in enumerate(report["checkpoints"]):
+        kv = ckpt["kv_cache"]
+        for key, style, name in (("cached_s", "-", "KV cache"), ("uncached_s", "--", "no cache")):
+            per_token.plot(kv["positions"], [s * 1e3 for s in kv[key]], style, color=colour(i),
+                           label=f"{ckpt['label']}: {name}")
+            running, sums = 0.0, []
+            for s in kv[key]:
+                running += s
+                sums.append(running)
+            total.plot(kv["positions"], sums, style, color=colour(i), label=f"{ckpt['label']}: {name}")
+    per_token.set(xlabel="position t of the token fed in", ylabel="ms per generated token",
+                  title="one step: O(t·d) with the cache, O(t·d² + t²·d) without")
+    total.set(xlabel="tokens generated", ylabel="seconds in all", title="generation in all: the cache's saving grows with length")
+    per_token.legend(fontsize=8)
+    total.legend(fontsize=8)
+    return fig
+
+
+def attention_wiring(report: dict) -> Figure:
+    checkpoints = report["checkpoints"]
+    fig = Figure(figsize=(5.5 * len(checkpoints), 6), layout="constrained")
+    axes = fig.subplots(2, len(checkpoints), squeeze=False)
+    for i, ckpt in enumerate(checkpoints):
+        wiring, bars = axes[0][i], axes[1][i]
+        reads = ckpt["attention_wiring"]["reads"]
+        kv_heads = sorted({j for js in reads for j in js})
+        kv_x = {j: sum(h for h, js in enumerate(reads) if j in js) / sum(j in js for js in reads) for j in kv_heads}
+        for h, js in enumerate(reads):
+            for j in js:
+                wiring.plot([h, kv_x[j]], [1, 0], color=colour(j), lw=1.5)
+        wiring.scatter(range(len(reads)), [1] * len(reads), s=300, marker="s", color="white", edgecolor="black", zorder=3)
+        wiring.scatter([kv_x[j] for j in kv_heads], [0] * len(kv_heads), s=300, marker="s",
+                       color=[colour(j) for j in kv_heads], zorder=3)
+        for h in range(len(reads)):
+            wiring.annotate(f"q{h}", (h, 1), xytext=(0, 12), textcoords="offset points", ha="center", fontsize=8)
+        for j in kv_heads:
+            wiring.annotate(f"kv{j}", (kv_x[j], 0), xytext=(0, -18), textcoords="offset points", ha="center", fontsize=8)
+        wiring.set(xlim=(-0.7, len(reads) - 0.3), ylim=(-0.4, 1.4), xticks=[], yticks=[],
+                   title=f"{ckpt['label']}\nthe K/V head each query head reads (measured, block 0)")
+        sizes = ckpt["attention_wiring"]["cache_by_kv_heads"]
+        names = [f"{s['attention']}\n{s['kv_heads']} K/V" for s in sizes]
+        bars.bar(names, [s["bytes"] / 1e3 for s in sizes],
+                 color=[colour(i) if s["this_model"] else "lightgrey" for s in sizes])
+        for x, s in enumerate(sizes):
+            bars.annotate(f"{s['bytes']:,}", (x, s["bytes"] / 1e3), ha="center", va="bottom", fontsize=8)
+        bars.set(ylabel="kB: one sequence, full context, fp32", title="the cache at this width (this model in colour)")
+    return fig
+
+
+def token_axes(ax, tokens: list[str], bottom: bool, left: bool) -> None:
+    """The tokens as tick labels on the grid's outer edges only (ticks are most of a heat map's drawing time)."""
+    ticks = list(range(len(tokens))) if len(tokens) <= TOKEN_LABELS_UP_TO else []
+    ax.set_xticks(ticks if bottom else [], [tokens[t] for t in ticks] if bottom else [], rotation=90, fontsize=6)
+    ax.set_yticks(ticks if left else [], [tokens[t] for t in ticks] if left else [], fontsize=6)
+
+
+def attention_maps(report: dict, index: int) -> Figure:
+    """One checkpoint's maps, layers down and heads across. Laid out by hand: constrained layout would measure
+    every tick label of every map, a third of the figure's drawing time."""
+    ckpt, tokens = report["checkpoints"][index], report["tokens"]
+    weights, entropy = ckpt["attention_maps"]["weights"], ckpt["attention_maps"]["entropy"]
+    layers, heads = len(weights), len(weights[0])
+    side, gap, left, bottom, top, right = 0.3 + 0.1 * min(len(tokens), TOKEN_LABELS_UP_TO), 0.35, 0.8, 0.8, 0.6, 1.1
+    width, height = left + heads * (side + gap) + right, bottom + layers * (side + gap) + top
+    fig = Figure(figsize=(width, height))
+    for l in range(layers):
+        for h in range(heads):
+            ax = fig.add_axes(((left + h * (side + gap)) / width, (bottom + (layers - 1 - l) * (side + gap)) / height,
+                               side / width, side / height))
+            image = ax.imshow(weights[l][h], vmin=0, vmax=1, cmap="viridis")
+            token_axes(ax, tokens, bottom=l == layers - 1, left=h == 0)
+            ax.set_title(f"layer {l} head {h}: entropy {entropy[l][h]:.2f}", fontsize=8)
+    bar = fig.add_axes(((width - right + 0.2) / width, bottom / height, 0.15 / width, layers * (side + gap) / height))
+    fig.colorbar(image, cax=bar, label="attention weight (row: query, column: key)")
+    fig.suptitle(ckpt["label"], y=1 - 0.15 / height, va="top")
+    return fig
+
+
+def attention_entropy(report: dict) -> Figure:
+    checkpoints = report["checkpoints"]
+    fig = Figure(figsize=(4.5 * len(checkpoints) + 1, 3.5), layout="constrained")
+    axes = fig.subplots(1, len(checkpoints), squeeze=False)[0]
+    for ax, ckpt in zip(axes, checkpoints):
+        entropy = ckpt["attention_maps"]["entropy"]
+        image = ax.imshow(entropy, vmin=0, vmax=1, cmap="magma", aspect="auto")
+        for l, row in enumerate(entropy):
+            for h, value in enumerate(row):
+                ax.annotate(f"{value:.2f}", (h, l), ha="center", va="center", fontsize=8,
+                            color="black" if value > 0.6 else "white")
+        ax.set(xlabel="head", ylabel="layer", xticks=range(len(entropy[0])), yticks=range(len(entropy)),
+               title=ckpt["label"])
+    fig.colorbar(image, ax=axes, label="entropy / ln(keys seen): 1 uniform, 0 one key")
+    return fig
+
+
+def shift_check(report: dict) -> Figure:
+    checkpoints = report["checkpoints"]
+    fig = Figure(figsize=(4.5 * len(checkpoints), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(checkpoints), squeeze=False)[0]
+    for i, (ax, ckpt) in enumerate(zip(axes, checkpoints)):
+        check = ckpt["positions"]["shift_check"]
+        at_0, shifted = check["layer0"]["at_0"], check["layer0"]["shifted"]
+        ax.scatter(at_0, shifted, s=6, color=colour(i))
+        low, high = min(at_0 + shifted), max(at_0 + shifted)
+        ax.plot([low, high], [low, high], color="grey", lw=0.8)
+        worst = max(check["shifts"][-1]["max_abs_diff"])
+        ax.set(xlabel="score of (q at m, k at n)", ylabel=f"score of (q at m + {check['layer0']['shift']}, "
+               f"k at n + {check['layer0']['shift']})",
+               title=f"{ckpt['label']} ({ckpt['model']['position']}), layer 0\nlargest difference, any layer: {worst:.2g}")
+    return fig
+
+
+def score_distance(report: dict) -> Figure:
+    checkpoints = report["checkpoints"]
+    fig = Figure(figsize=(4.5 * len(checkpoints), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(checkpoints), squeeze=False, sharey=True)[0]
+    for ax, ckpt in zip(axes, checkpoints):
+        for l, curve in enumerate(ckpt["positions"]["score_by_distance"]):
+            ax.plot(range(len(curve)), curve, marker=".", label=f"layer {l}")
+        ax.set(xlabel="distance m − n", title=f"{ckpt['label']} ({ckpt['model']['position']})")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("mean q·k / √D over heads")
+    return fig
+
+
+def position_table(report: dict) -> Figure | None:
+    tabled = [c for c in report["checkpoints"] if c["positions"]["table_similarity"] is not None]
+    if not tabled:
+        return None
+    fig = Figure(figsize=(4.5 * len(tabled) + 1, 4), layout="constrained")
+    axes = fig.subplots(1, len(tabled), squeeze=False)[0]
+    for ax, ckpt in zip(axes, tabled):
+        image = ax.imshow(ckpt["positions"]["table_similarity"], vmin=-1, vmax=1, cmap="RdBu_r")
+        ax.set(xlabel="position j", ylabel="position i", title=f"{ckpt['label']} ({ckpt['model']['position']})")
+    fig.colorbar(image, ax=axes, label="cos(PE[i], PE[j])")
+    return fig
+
+
+def residual_stream(report: dict) -> Figure:
+    fig = Figure(figsize=(13, 3.6), layout="constrained")
+    rms, ratios, cosine, grads = fig.subplots(1, 4)
+    for i, ckpt in enumerate(report["checkpoints"]):
+        stream, label = ckpt["residual_stream"], ckpt["label"]
+        blocks = range(len(stream["stream_rms"]))
+        rms.plot(blocks, stream["stream_rms"], marker="o", color=colour(i), label=label)
+        ratios.plot(blocks, stream["attn_ratio"], marker="o", color=colour(i), label=f"{label}: attention")
+        ratios.plot(blocks, stream["ffn_ratio"], marker="s", ls="--", color=colour(i), label=f"{label}: FFN")
+        cosine.plot(blocks, stream["position_cos"], marker="o", color=colour(i), label=label)
+        grads.plot(blocks, stream["grad_norm"], marker="o", color=colour(i), label=label)
+    rms.set(xlabel="block", ylabel="rms of the stream leaving it", title="stream rms")
+    ratios.set(xlabel="block", ylabel="rms(branch) / rms(stream entering)", title="branch / stream")
+    cosine.set(xlabel="block", ylabel="mean cos between positions", title="positions alike?")
+    grads.set(xlabel="block", ylabel="‖∂L/∂θ‖ of the block, one batch", yscale="log", title="gradient per block")
+    for ax in (rms, ratios, cosine, grads):
+        ax.legend(fontsize=7)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    return fig
+
+
+def ffn(report: dict) -> Figure:
+    fig = Figure(figsize=(11, 3.8), layout="constrained")
+    density, near = fig.subplots(1, 2)
+    checkpoints = report["checkpoints"]
+    width = 0.8 / len(checkpoints)
+    for i, ckpt in enumerate(checkpoints):
+        f = ckpt["ffn"]
+        name = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)"}[f["kind"]]
+        density.stairs(f["density"], f["edges"], color=colour(i), label=f"{ckpt['label']}: {name}")
+        layers = range(len(f["near_zero"]))
+        near.bar([l + (i - (len(checkpoints) - 1) / 2) * width for l in layers], f["near_zero"], width * 0.9,
+                 color=colour(i), label=f"{ckpt['label']}: |a| < 0.1 rms")
+        near.plot([l + (i - (len(checkpoints) - 1) / 2) * width for l in layers], f["zero"], "k_", ms=14,
+                  label="exactly 0" if i == 0 else None)
+    density.set(xlabel="activation a", ylabel="density (every layer, every position)", yscale="log",
+                title="the FFN's activations on the prompt")
+    near.set(xlabel="layer", ylabel="fraction of the hidden units", ylim=(0, 1), title="near zero")
+    near.xaxis.get_major_locator().set_params(integer=True)
+    density.legend(fontsize=8)
+    near.legend(fontsize=8)
+    return fig
+
+
+def draw(report: dict) -> dict[str, bytes]:
+    """Every figure as PNG bytes, by file name, in the page's order."""
+    figures = {"kv_cache.png": kv_cache(report), "attention_wiring.png": attention_wiring(report)}
+    for i in range(len(report["checkpoints"])):
+        figures[f"attention_maps_{i}.png"] = attention_maps(report, i)
+    figures |= {"attention_entropy.png": attention_entropy(report), "shift_check.png": shift_check(report),
+                "score_distance.png": score_distance(report), "position_table.png": position_table(report),
+                "residual_stream.png": residual_stream(report), "ffn.png": ffn(report)}
+    return {name: png(fig) for name, fig in figures.items() if fig is not None}

@@ -1,0 +1,222 @@
+"""The report's page: one self-contained HTML file (figures as base64 data URIs, styles and script inline,
+nothing fetched), its tables (the same ones go to W&B), and the KV-cache estimator, a form whose inline
+JavaScript computes generation/kv_memory.py's formula as its fields change:
+
+    bytes = 2 (K and V) * layers * K/V heads * head dim * sequence length * batch * bytes per element
+"""
+import base64
+import html
+import json
+
+from insight.blocks import NEAR_ZERO, STREAM_STATS
+
+# (id, title, what it shows and the chapter's point it measures, its figures' name prefixes, its tables)
+SECTIONS = [
+    ("kv-cache", "1. KV cache",
+     "Every generated token's time, measured through the engine with the cache and without it: without, each step "
+     "recomputes the whole prefix, so the step grows with the position t and the run as O(t²·d); with it, a step "
+     "projects one token and reads the cached K and V, but its query still meets t keys, O(t·d), not O(1). The "
+     "estimator computes what the cache costs in memory for any model, 2·L·H_kv·d_head·S·bytes·batch.",
+     ("kv_cache",), ("kv_cache",)),
+    ("attention-wiring", "2. Attention wiring: MHA, GQA, MQA",
+     "Which K/V head each query head reads, found by zeroing one K/V head's value projection at a time and seeing "
+     "which query heads' outputs move. Fewer K/V heads at the same width shrink the cache in proportion: MHA keeps "
+     "one per query head, MQA one for all, GQA a group's.",
+     ("attention_wiring",), ("wiring", "kv_heads")),
+    ("attention-maps", "3. Attention maps",
+     "The weights softmax(q·k/√D) of every layer and head on the prompt, query tokens down and key tokens across, "
+     "and each head's entropy over ln(keys seen): 1 is uniform attention, 0 is all of it on one key. A Post-Norm or "
+     "position=none model shows what the ablation's diagnostics found there, a near-uniform first layer.",
+     ("attention_maps", "attention_entropy"), ("entropy",)),
+    ("positions", "4. Positions",
+     "The same prompt read s positions later: with RoPE every layer's score of (q at m, k at n) stays the same up to "
+     "rounding, since it depends on m − n only; absolute positions move it. Beside it the mean score against the "
+     "distance m − n and, for an absolute table, the cosine between its positions' vectors.",
+     ("shift_check", "score_distance", "position_table"), ("shift",)),
+    ("residual-stream", "5. Norms and the residual stream",
+     "Per block, on the prompt: the stream's rms, each branch's rms over the stream's, the mean cosine between "
+     "positions, and the gradient norm of the block's weights for the prompt's next-token loss. Pre-Norm leaves the "
+     "stream unnormalised, free to grow block by block, and gives the gradient an identity path to every block; "
+     "Post-Norm renormalises the stream after each branch (rms near 1), so the gradient reaching the first blocks "
+     "has passed through every norm above them.",
+     ("residual_stream",), ("stream",)),
+    ("ffn", "6. FFN activations",
+     "The distribution of the FFN's hidden activations on the prompt: SwiGLU's gate silu(x·W1), or ReLU's and GELU's "
+     "activations, and the fraction of the units at zero or near it. ReLU zeroes every negative input exactly; "
+     "SiLU and GELU let small negative values through, so the gate is rarely exactly closed.",
+     ("ffn",), ("ffn",)),
+]
+
+ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
+                    ("seq", "sequence length S"), ("batch", "batch"))
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 4)
+
+
+def tables(report: dict) -> dict[str, dict]:
+    """Each table as {"columns": [...], "rows": [[...]]}: the page shows them, W&B gets them as wandb.Table."""
+    rows = {name: [] for name in ("kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn")}
+    for ckpt in report["checkpoints"]:
+        label = ckpt["label"]
+        kv = ckpt["kv_cache"]
+        rows["kv_cache"].append([label, f"{kv['positions'][0]}-{kv['positions'][-1]}", _ms(kv["cached_s"][0]),
+                                 _ms(kv["cached_s"][-1]), _ms(kv["uncached_s"][0]), _ms(kv["uncached_s"][-1]),
+                                 round(sum(kv["uncached_s"]) / sum(kv["cached_s"]), 2), kv["cache_bytes"],
+                                 kv["cache_bytes_per_token"]])
+        reads = ckpt["attention_wiring"]["reads"]
+        for j in sorted({j for js in reads for j in js}):
+            rows["wiring"].append([label, j, " ".join(f"q{h}" for h, js in enumerate(reads) if j in js)])
+        for size in ckpt["attention_wiring"]["cache_by_kv_heads"]:
+            rows["kv_heads"].append([label, size["attention"], size["kv_heads"], size["bytes"],
+                                     "yes" if size["this_model"] else ""])
+        for layer, entropy in enumerate(ckpt["attention_maps"]["entropy"]):
+            rows["entropy"].append([label, layer, " ".join(f"{e:.3f}" for e in entropy),
+                                    round(sum(entropy) / len(entropy), 4)])
+        check = ckpt["positions"]["shift_check"]
+        for shift in check["shifts"]:
+            rows["shift"].append([label, ckpt["model"]["position"], check["tokens"], shift["shift"],
+                                  max(shift["max_abs_diff"]), max(check["max_abs_score"])])
+        stream = ckpt["residual_stream"]
+        for block in range(len(stream["stream_rms"])):
+            rows["stream"].append([label, block] + [stream[key][block] for key in STREAM_STATS])
+        for layer, (zero, near) in enumerate(zip(ckpt["ffn"]["zero"], ckpt["ffn"]["near_zero"])):
+            rows["ffn"].append([label, ckpt["ffn"]["kind"], layer, zero, near])
+    columns = {
+        "kv_cache": ["checkpoint", "positions", "cached ms/token, first", "cached ms/token, last",
+                     "uncached ms/token, first", "uncached ms/token, last", "uncached / cached, whole run",
+                     "cache bytes (allocated: fp32, full context)", "cache bytes per token"],
+        "wiring": ["checkpoint", "K/V head", "query heads that read it (measured)"],
+        "kv_heads": ["checkpoint", "attention", "K/V heads", "cache bytes (fp32, full context)", "this model"],
+        "entropy": ["checkpoint", "layer", "entropy per head", "mean"],
+        "shift": ["checkpoint", "position", "tokens", "shift s", "largest |score difference|, any layer (float64)",
+                  "largest |score|"],
+        "stream": ["checkpoint", "block", "stream rms", "attention / stream", "FFN / stream", "cos between positions",
+                   "gradient norm"],  # STREAM_STATS, in its order
+        "ffn": ["checkpoint", "FFN", "layer", "fraction exactly 0", f"fraction |a| < {NEAR_ZERO} rms"],
+    }
+    return {name: {"columns": columns[name], "rows": rows[name]} for name in rows}
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return html.escape(str(value))
+
+
+def _table(table: dict) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table["columns"])
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in table["rows"])
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _image(name: str, data: bytes) -> str:
+    """The figure embedded, as a link to its PNG file beside the page (full size)."""
+    return (f'<a href="{html.escape(name)}"><img src="data:image/png;base64,{base64.b64encode(data).decode()}" '
+            f'alt="{html.escape(name)}" title="{html.escape(name)}: click for full size"></a>')
+
+
+def _estimator(estimator: dict) -> str:
+    first = estimator["presets"][0]
+    fields = "".join(f'<label>{text} <input id="est-{key}" type="number" min="1" step="1" value="{first[key]}"></label>'
+                     for key, text in ESTIMATOR_FIELDS)
+    dtypes = "".join(f'<option value="{d}"{" selected" if d == first["dtype"] else ""}>{d} ({b} bytes)</option>'
+                     for d, b in estimator["bytes_per_element"].items())
+    buttons = "".join(f'<button type="button" data-preset="{i}">{html.escape(p["name"])}</button>'
+                      for i, p in enumerate(estimator["presets"]))
+    return f"""<form id="estimator" onsubmit="return false">
+<h3>KV-cache estimator</h3>
+<p class="formula">bytes = 2 × L × H_kv × d_head × S × batch × bytes per element</p>
+<div class="fields">{fields}<label>dtype <select id="est-dtype">{dtypes}</select></label></div>
+<div class="presets">{buttons}</div>
+<p class="result"><output id="est-bytes"></output> bytes = <output id="est-gb"></output></p>
+</form>
+<script>
+const BYTES_PER_ELEMENT = {json.dumps(estimator["bytes_per_element"])};
+const PRESETS = {json.dumps(estimator["presets"])};
+const FIELDS = {json.dumps([key for key, _ in ESTIMATOR_FIELDS])};
+function recompute() {{
+  let bytes = 2n * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
+  for (const key of FIELDS) {{
+    const text = document.getElementById("est-" + key).value.trim();
+    if (!/^[1-9][0-9]*$/.test(text)) {{
+      document.getElementById("est-bytes").textContent = key + " must be a positive integer";
+      document.getElementById("est-gb").textContent = "";
+      return;
+    }}
+    bytes *= BigInt(text);
+  }}
+  document.getElementById("est-bytes").textContent = bytes.toLocaleString("en-US");
+  document.getElementById("est-gb").textContent = readable(Number(bytes));
+}}
+function readable(n) {{  // the largest unit that shows it to two decimals: 0.54 GB, 0.13 MB
+  for (const [size, unit] of [[1e9, "GB"], [1e6, "MB"], [1e3, "kB"]]) {{
+    if (n >= size / 100) return (n / size).toFixed(2) + " " + unit;
+  }}
+  return n + " bytes";
+}}
+function fill(preset) {{
+  for (const key of FIELDS) document.getElementById("est-" + key).value = preset[key];
+  document.getElementById("est-dtype").value = preset.dtype;
+  recompute();
+}}
+document.getElementById("estimator").addEventListener("input", recompute);
+document.getElementById("estimator").addEventListener("change", recompute);
+for (const button of document.querySelectorAll("#estimator button")) {{
+  button.addEventListener("click", () => fill(PRESETS[Number(button.dataset.preset)]));
+}}
+recompute();
+</script>"""
+
+
+STYLE = """body { font-family: system-ui, sans-serif; max-width: 1400px; margin: 1em auto; padding: 0 1em; color: #222; }
+h1 { margin-bottom: 0.2em; } section { border-top: 1px solid #ccc; margin-top: 1.5em; }
+img { max-width: 100%; height: auto; display: block; margin: 0.5em 0; }
+.side { display: flex; gap: 1em; align-items: flex-start; } .side a { flex: 0 1 auto; min-width: 0; }
+table { border-collapse: collapse; margin: 0.5em 0; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: right; } th { background: #f3f3f3; }
+td:first-child { text-align: left; }
+code, .tokens { font-family: ui-monospace, monospace; } .tokens span { background: #eef; margin: 1px; padding: 0 2px; }
+#estimator { background: #f7f7f2; padding: 0.5em 1em; border: 1px solid #ddd; max-width: 60em; }
+#estimator label { margin-right: 1em; white-space: nowrap; } #estimator input { width: 6em; }
+#estimator .presets { margin: 0.5em 0; } #estimator button { margin-right: 0.5em; }
+.result { font-size: 1.2em; font-weight: bold; } .formula { font-family: ui-monospace, monospace; }"""
+
+
+SWITCHES = ("norm", "norm_position", "position", "attention", "ffn")
+SIZES = ("d_model", "n_layers", "n_heads", "n_kv_heads", "context_length")
+
+
+def _checkpoint_row(ckpt: dict) -> str:
+    switches, sizes = (", ".join(f"{key}={ckpt['model'][key]}" for key in keys) for keys in (SWITCHES, SIZES))
+    return (f"<tr><td>{html.escape(ckpt['label'])}</td><td><code>{html.escape(ckpt['path'])}</code></td>"
+            f"<td>{html.escape(switches)}</td><td>{sizes}</td><td>{ckpt['num_params']:,}</td></tr>")
+
+
+def render(report: dict, figures: dict[str, bytes]) -> str:
+    """The whole page: the checkpoints and the prompt, then each section's text, figures and tables."""
+    all_tables = tables(report)
+    checkpoints = "".join(_checkpoint_row(c) for c in report["checkpoints"])
+    tokens = "".join(f"<span>{html.escape(t)}</span>" for t in report["tokens"])
+    parts = [f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>nanollama report</title>
+<link rel="icon" href="data:,"><style>{STYLE}</style></head><body>
+<h1>Inside the checkpoint{'s' if len(report['checkpoints']) > 1 else ''}</h1>
+<p>Every number below is measured on these checkpoints (<code>python report.py</code>; all of them are in
+<code>report.json</code> beside this page). Sections follow the chapter's demos, in its order.</p>
+<table><thead><tr><th>label</th><th>checkpoint</th><th>switches</th><th>sizes</th><th>parameters</th></tr></thead>
+<tbody>{checkpoints}</tbody></table>
+<p>Prompt: <code>{html.escape(repr(report['prompt']))}</code>, {len(report['tokens'])} tokens with BOS:
+<span class="tokens">{tokens}</span></p>"""]
+    for section_id, title, text, prefixes, table_names in SECTIONS:
+        rows = ["".join(_image(name, data) for name, data in figures.items() if name.startswith(prefix))
+                for prefix in prefixes]  # one row per figure; a figure drawn per checkpoint, side by side
+        parts.append(f'<section id="{section_id}"><h2>{html.escape(title)}</h2><p>{html.escape(text)}</p>'
+                     + "".join(f'<div class="side">{row}</div>' for row in rows if row)
+                     + (_estimator(report["estimator"]) if section_id == "kv-cache" else "")
+                     + "".join(_table(all_tables[name]) for name in table_names) + "</section>")
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

@@ -1,0 +1,234 @@
+"""See inside a checkpoint: the chapter's demos (the KV cache, MHA / GQA / MQA, RoPE, the norms, the FFN)
+measured on your own trained model, in one self-contained page and, with --wandb, in the run's W&B run.
+
+    python report.py --ckpt outputs/latest                               # writes outputs/latest/report/
+    python report.py --ckpt runs/default --ckpt runs/post --out docs/report   # side by side, labelled by what differs
+    python report.py --ckpt outputs/latest --prompt "JULIET:" --wandb    # also to the checkpoint's W&B run
+
+DIR (--out, default: the first checkpoint's run dir / report) gets index.html (figures embedded, nothing fetched:
+open it from disk), every figure as a PNG, and report.json with every number the figures and tables show.
+The measurements are in insight/ (one module per part of the chapter); docs/report.md explains each section.
+Bad input (a missing or corrupt checkpoint, an empty prompt or one longer than a model's context, checkpoints
+of different vocabularies, --wandb on a checkpoint without a W&B run, an --out that is not a report) is one
+`error: ...` line and exit 2, before anything is written.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from cli import Parser, UsageError
+from data.tokenizer import Tokenizer
+from generation.kv_memory import BYTES_PER_ELEMENT, kv_cache_bytes
+from insight import attention, blocks, decode, figures, page, positions
+from model.transformer import Transformer
+from storage.checkpoint import CheckpointError, load_checkpoint
+from storage.files import atomic_dir, write_bytes
+
+DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
+LLAMA_2_7B = {"name": "LLaMA-2-7B", "layers": 32, "kv_heads": 32, "head_dim": 128, "seq": 4096, "batch": 1,
+              "dtype": "fp16"}
+REPORT_FILE = "report.json"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = Parser(description="Measure the chapter's demos on nanollama checkpoints: an HTML page, PNGs, JSON.")
+    parser.add_argument("--ckpt", action="append", required=True,
+                        help="a run dir or its ckpt/ dir; repeat it to compare checkpoints side by side")
+    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text after BOS, read by every checkpoint "
+                        f"(default {DEFAULT_PROMPT!r})")
+    parser.add_argument("--out", help="the report's folder (default: the first checkpoint's run dir / report)")
+    parser.add_argument("--wandb", action="store_true", help="also log the figures and tables to each checkpoint's "
+                        "W&B run (mode: $WANDB_MODE, else online with a login, else offline)")
+    return parser.parse_args(argv)
+
+
+def run_dir_of(ckpt_dir: Path) -> Path:
+    return ckpt_dir.parent if ckpt_dir.name in ("ckpt", "ckpt.old") else ckpt_dir
+
+
+def load(path: str) -> tuple[Transformer, Path, Tokenizer]:
+    try:
+        model, ckpt_dir = load_checkpoint(path)
+    except CheckpointError as e:
+        raise UsageError(f"--ckpt {path}: {e}") from None
+    try:
+        tokenizer = Tokenizer(ckpt_dir / "tokenizer.model")
+    except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot parse
+        raise UsageError(f"--ckpt {path}: corrupt tokenizer {ckpt_dir / 'tokenizer.model'}: {e}") from None
+    return model, ckpt_dir, tokenizer
+
+
+def pieces(tokenizer: Tokenizer) -> list[str]:
+    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+
+
+def one_vocabulary(tokenizers: list[Tokenizer], paths: list[str]) -> list[str]:
+    """The checkpoints' common vocabulary, its pieces by id: side by side, the prompt must be the same tokens."""
+    first = pieces(tokenizers[0])
+    for path, tokenizer in zip(paths[1:], tokenizers[1:]):
+        theirs = pieces(tokenizer)
+        if theirs != first:
+            sizes = f"{len(first)} and {len(theirs)} pieces" + (", not the same ones" if len(theirs) == len(first) else "")
+            raise UsageError(f"--ckpt {paths[0]} and --ckpt {path} have different vocabularies ({sizes}): the prompt "
+                             f"would not be the same tokens side by side")
+    return first
+
+
+def token_label(piece: str) -> str:
+    """A piece as an axis label: SentencePiece's space mark as a visible space, a newline byte as ↵."""
+    return {"<0x0A>": "↵", "<0x09>": "⇥"}.get(piece, piece.replace("\u2581", "␣"))
+
+
+def prompt_ids(prompt: str, tokenizer: Tokenizer, models: list[Transformer], paths: list[str]) -> list[int]:
+    """BOS + the prompt's tokens, at least 3 (two positions for the stream's cosine, with their next tokens) and
+    no more than any model's context."""
+    ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+    if len(ids) < 3:
+        raise UsageError(f"--prompt={prompt!r} is {'empty' if not prompt else 'one token'}: the report compares "
+                         f"positions and predicts the next token, so it needs at least 2 tokens after BOS")
+    for model, path in zip(models, paths):
+        if len(ids) > model.cfg.context_length:
+            raise UsageError(f"--prompt is {len(ids)} tokens with BOS, more than model.context_length="
+                             f"{model.cfg.context_length} of --ckpt {path}; give a shorter one")
+    return ids
+
+
+def labels(configs: list[dict], names: list[str]) -> list[str]:
+    """Each checkpoint's label: the model settings in which the checkpoints differ (e.g. norm_position=post), else
+    its run's name; a number is added where two labels would be the same."""
+    differing = [key for key in configs[0] if len({json.dumps(c[key]) for c in configs}) > 1]
+    found = [", ".join(f"{key}={c[key]}" for key in differing) for c in configs] if differing else list(names)
+    return [f"{label} #{i + 1}" if found.count(label) > 1 else label for i, label in enumerate(found)]
+
+
+def run_name(run_dir: Path) -> str:
+    try:
+        return json.loads((run_dir / "summary.json").read_text())["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return run_dir.name
+
+
+def wandb_run_of(ckpt_dir: Path, path: str) -> dict:
+    """The W&B run train.py logged this checkpoint to: its project (config.yaml) and id (train_state.pt)."""
+    from omegaconf import OmegaConf
+
+    from training.state import STATE_FILE, progress_from
+
+    run_dir = run_dir_of(ckpt_dir)
+    if not (run_dir / "config.yaml").is_file() or not (ckpt_dir / STATE_FILE).is_file():
+        raise UsageError(f"--wandb: --ckpt {path} is not a train.py run's checkpoint (no {run_dir / 'config.yaml'} "
+                         f"or {ckpt_dir / STATE_FILE}), so it has no W&B run to log to")
+    try:
+        project = OmegaConf.load(run_dir / "config.yaml").wandb.project
+        wandb_id = progress_from(torch.load(ckpt_dir / STATE_FILE, weights_only=True)["progress"]).wandb_id
+    except Exception as e:  # a damaged config.yaml or train_state.pt, whichever way it fails
+        raise UsageError(f"--wandb: --ckpt {path}: cannot read its W&B run: {e}") from None
+    return {"project": project, "id": wandb_id, "name": run_name(run_dir), "dir": run_dir}
+
+
+def out_dir(out: str | None, first_ckpt: Path) -> Path:
+    """Where the report goes; a folder that exists must be an earlier report, since the new one replaces it whole."""
+    folder = Path(out) if out else run_dir_of(first_ckpt) / "report"
+    if folder.exists() and not (folder / REPORT_FILE).is_file():
+        raise UsageError(f"--out {folder} exists and is not a report (no {REPORT_FILE} in it); the report replaces "
+                         f"its folder whole, so choose a new or a report folder")
+    return folder
+
+
+def measure(model: Transformer, ids: list[int], first_token: int) -> dict:
+    """Every section's numbers for one checkpoint."""
+    tokens = torch.tensor([ids])
+    element = model.tok_emb.weight.element_size()
+    return {"kv_cache": decode.decode_times(model, first_token),
+            "attention_wiring": {"reads": attention.kv_wiring(model, tokens),
+                                 "cache_by_kv_heads": attention.cache_by_kv_heads(model.cfg, element)},
+            "attention_maps": attention.attention_maps(model, tokens),
+            "positions": {"shift_check": positions.shift_check(model, tokens),
+                          "score_by_distance": positions.score_by_distance(model, tokens),
+                          "table_similarity": positions.table_similarity(model)},
+            "residual_stream": blocks.residual_stream(model, tokens),
+            "ffn": blocks.ffn_activations(model, tokens)}
+
+
+def estimator(models: list[Transformer], names: list[str]) -> dict:
+    """The estimator's presets, each checkpoint's own (its full context, fp32) first, with their bytes by
+    generation/kv_memory.py's formula, which the page's script computes too."""
+    dtype_of = {size: name for name, size in reversed(BYTES_PER_ELEMENT.items())}  # 4 -> fp32, 2 -> fp16
+    presets = [{"name": f"this model: {name}", "layers": m.cfg.n_layers, "kv_heads": m.cfg.n_kv_heads,
+                "head_dim": m.cfg.head_dim, "seq": m.cfg.context_length, "batch": 1,
+                "dtype": dtype_of[m.tok_emb.weight.element_size()]} for m, name in zip(models, names)]
+    presets.append(dict(LLAMA_2_7B))
+    for p in presets:
+        p["bytes"] = kv_cache_bytes(p["layers"], p["kv_heads"], p["head_dim"], p["seq"], p["batch"],
+                                    BYTES_PER_ELEMENT[p["dtype"]])
+    return {"bytes_per_element": BYTES_PER_ELEMENT, "presets": presets}
+
+
+def log_to_wandb(runs: list[dict], folder: Path, pngs: list[str], tables: dict) -> None:
+    """The report's figures (wandb.Image, as report/<figure>) and tables (wandb.Table, as report/table/<name>),
+    into each checkpoint's run."""
+    import wandb
+
+    from training.tracking import wandb_mode
+
+    for run in runs:
+        with wandb.init(project=run["project"], id=run["id"], name=run["name"], dir=run["dir"], resume="allow",
+                        mode=wandb_mode(None)) as logged:
+            logged.log({f"report/{name.removesuffix('.png')}": wandb.Image(str(folder / name)) for name in pngs}
+                       | {f"report/table/{name}": wandb.Table(columns=t["columns"], data=t["rows"])
+                          for name, t in tables.items()})
+
+
+def report(argv: list[str] | None = None) -> Path:
+    """Measures, draws and writes the report; returns its folder. Raises UsageError on bad input."""
+    args = parse_args(argv)
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
+        raise UsageError(f"--prompt is not UTF-8 text (at character {e.start})") from None
+    loaded = [load(path) for path in args.ckpt]
+    models, ckpt_dirs, tokenizers = zip(*loaded)
+    vocabulary = one_vocabulary(tokenizers, args.ckpt)
+    ids = prompt_ids(args.prompt, tokenizers[0], models, args.ckpt)
+    runs = [wandb_run_of(d, path) for d, path in zip(ckpt_dirs, args.ckpt)] if args.wandb else []
+    folder = out_dir(args.out, ckpt_dirs[0])
+
+    names = [run_name(run_dir_of(d)) for d in ckpt_dirs]
+    checkpoint_labels = labels([m.cfg.to_dict() for m in models], names)
+    result = {"prompt": args.prompt, "token_ids": ids, "tokens": [token_label(vocabulary[i]) for i in ids],
+              "estimator": estimator(models, checkpoint_labels), "checkpoints": []}
+    for model, ckpt_dir, label in zip(models, ckpt_dirs, checkpoint_labels):
+        result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model.cfg.to_dict(),
+                                      "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id)})
+    pngs = figures.draw(result)
+    with atomic_dir(folder) as tmp:
+        for name, data in pngs.items():
+            write_bytes(tmp / name, data)
+        write_bytes(tmp / "index.html", page.render(result, pngs).encode())
+        write_bytes(tmp / REPORT_FILE, (json.dumps(result, indent=1) + "\n").encode())
+    if runs:
+        log_to_wandb(runs, folder, list(pngs), page.tables(result))
+    return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    # One thread: these models' ops are too small to share, and on a busy machine a second thread makes each
+    # step wait for both (batch-1 decode steps 10x slower, and the timings all spikes, on 2 shared cores).
+    torch.set_num_threads(1)
+    try:
+        folder = report(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a read-only or forbidden --out: the earlier report, if any, is intact
+        print(f"error: cannot write {e.filename or 'the report'}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    print(f"report: {folder / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

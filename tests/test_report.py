@@ -1,0 +1,353 @@
+"""report.py and insight/: each measurement on a model whose answer is known, the page in a real browser, W&B
+offline, and the bad inputs. The checkpoints and reports are made here, once per session
+(make_checkpoints_and_reports): one tiny train.py run (RoPE) and, with its tokenizer, a position=learned model,
+and a model of another vocabulary."""
+import base64
+import json
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from filelock import FileLock
+
+import report
+from data.tokenizer import train_tokenizer
+from data_helpers import run_train, tiny_run, write_corpus
+from generation.kv_memory import kv_cache_bytes
+from insight.attention import cache_by_kv_heads, kv_wiring, layer_qk
+from insight.blocks import ffn_activations
+from insight.decode import decode_times
+from insight.positions import shift_check
+from model.attention import attention_weights
+from model.config import ModelConfig
+from model.transformer import Transformer
+from storage.checkpoint import load_checkpoint, save_checkpoint
+from weights import far_from_init
+
+PROMPT = "ANNA\nGood night, sweet lord,"
+SECTIONS = ("kv-cache", "attention-wiring", "attention-maps", "positions", "residual-stream", "ffn")
+
+
+def make_checkpoints_and_reports(folder: Path) -> None:
+    """rope/: a tiny RoPE model trained by train.py (1 layer, d 32, 2 query heads, 1 K/V head, context 32).
+    learned/ckpt: the same sizes and tokenizer with a learned position table, its weights far from init.
+    other/ckpt: a model of another vocabulary. run/report: the report of a copy of rope/, written where report.py
+    puts it by default, with --wandb offline into that run's own W&B run. two/: rope/ beside learned/, written over
+    a copy of run/report (a report replaces an earlier one whole)."""
+    rope = folder / "rope"
+    result = run_train(rope, *tiny_run(folder))
+    assert result.returncode == 0, result.stderr
+    model, ckpt_dir = load_checkpoint(rope)
+    torch.manual_seed(0)
+    learned = far_from_init(Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"position": "learned"})))
+    save_checkpoint(folder / "learned" / "ckpt", learned, ckpt_dir / "tokenizer.model")
+    other = train_tokenizer(write_corpus(folder / "other.txt").read_text().splitlines(), 320, folder / "other.model")
+    save_checkpoint(folder / "other" / "ckpt", Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"vocab_size": 320})),
+                    other.model_file)
+    shutil.copytree(rope, folder / "run")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "offline")
+        for name in ("CONFIG", "CACHE", "DATA"):
+            env.setenv(f"WANDB_{name}_DIR", str(folder / "wandb_home" / name.lower()))
+        assert report.main(["--ckpt", str(folder / "run"), "--prompt", PROMPT, "--wandb"]) == 0
+    shutil.copytree(folder / "run" / "report", folder / "two")
+    assert report.main(["--ckpt", str(rope), "--ckpt", str(folder / "learned" / "ckpt"), "--prompt", PROMPT,
+                        "--out", str(folder / "two")]) == 0
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> Path:
+    """make_checkpoints_and_reports' folder, made once per session: under pytest-xdist by the first worker that needs
+    it while the others wait on its lock (then every worker reads it; nothing writes there afterwards)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "report_checkpoints"
+    with FileLock(f"{folder}.lock"):
+        if not (folder / "made").exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed here left
+            folder.mkdir()
+            make_checkpoints_and_reports(folder)
+            (folder / "made").touch()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def rope_run(made) -> Path:
+    return made / "rope"
+
+
+@pytest.fixture(scope="module")
+def learned_ckpt(made) -> Path:
+    return made / "learned" / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def other_vocabulary(made) -> Path:
+    return made / "other" / "ckpt"
+
+
+@pytest.fixture(scope="module")
+def one(made) -> Path:
+    return made / "run" / "report"
+
+
+@pytest.fixture(scope="module")
+def two(made) -> Path:
+    return made / "two"
+
+
+# --- the measurements --------------------------------------------------------------------------------------
+
+def shift_bound(model: Transformer, tokens: torch.Tensor, largest_position: int) -> float:
+    """What the RoPE shift check may differ by, in float64, for block 0 of a model.
+
+    The rotation tables are fp32 (model/positions.py): angle a_p = fl(p * theta_i) = p theta_i (1 + e), |e| <= u = 2^-24,
+    and cos, sin of it to 1 ulp, |delta| <= u (values below 1). Each 2-d pair (i, i + D/2) of q and k is turned by
+    M_p = R(a_p) + E_p, ||E_p|| <= sqrt(2) u, so M_m^T M_n = R(a_n - a_m) + F with ||F|| <= 2 sqrt(2) u + 2 u^2. Read at
+    (m, n) and at (m + s, n + s), the exact angle difference is (n - m) theta_i both times and each realised one is off
+    by at most u theta_i (m + n) or u theta_i (m + n + 2 s); ||R(a) - R(b)|| <= |a - b|. So a pair's term differs by
+    at most |q_i| |k_i| (4 u P theta_i + 4 sqrt(2) u + 4 u^2), P the largest position, and theta_i <= theta_0 = 1 with
+    Cauchy-Schwarz bounds the sum over pairs by (4 u P + 4 sqrt(2) u + 4 u^2) |q| |k| (D 2^-53 more for the float64
+    dot product itself); the score divides by sqrt(D). Block 0's input does not depend on the shift at all (RoPE adds
+    nothing to the embeddings), and a one-block model has no other block."""
+    u = 2.0 ** -24
+    q, k = layer_qk(model.double(), tokens)[0]
+    D = q.shape[-1]
+    relative = 4 * u * largest_position + 4 * math.sqrt(2) * u + 4 * u * u + D * 2.0 ** -53
+    return relative * q.norm(dim=-1).max().item() * k.norm(dim=-1).max().item() / math.sqrt(D)
+
+
+def prompt_tokens(run: Path) -> torch.Tensor:
+    tokenizer = report.load(str(run))[2]
+    return torch.tensor([[tokenizer.bos_id] + tokenizer.encode(PROMPT)])
+
+
+def test_rope_scores_depend_on_the_distance_only_and_absolute_ones_do_not(rope_run, learned_ckpt):
+    for path, holds in ((rope_run, True), (learned_ckpt, False)):
+        model = report.load(str(path))[0]
+        tokens = prompt_tokens(rope_run)
+        check = shift_check(model, tokens)
+        n = check["tokens"]  # the prompt's first half context: 16 tokens, read at shifts up to 16
+        assert model.cfg.n_layers == 1 and n == model.cfg.context_length // 2 < tokens.shape[1]
+        assert check["shifts"][-1]["shift"] == model.cfg.context_length - n  # up to the last position, 31
+        bound = shift_bound(model, tokens[:, :n], model.cfg.context_length - 1)
+        worst = max(max(s["max_abs_diff"]) for s in check["shifts"])
+        if holds:
+            assert worst <= bound, (worst, bound)
+        else:  # PE[m + s] instead of PE[m]: the scores move by a good part of their own size
+            assert worst > 1e4 * bound and worst > 0.05 * max(check["max_abs_score"]), (worst, bound)
+
+
+def test_attention_weights_are_the_ones_sdpa_applies():
+    """attention_weights @ v equals the model's own sdpa call, in float64: the grouping (query head h reads K/V head
+    h // (H / H_kv)) and the causal mask are enable_gqa's and is_causal's."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 6, 9, 8, dtype=torch.float64), *torch.randn(2, 2, 2, 9, 8, dtype=torch.float64)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    weights = attention_weights(q, k)
+    assert torch.allclose(weights @ v.repeat_interleave(3, dim=1), expected, rtol=0, atol=1e-12)
+    assert torch.all(weights.triu(1) == 0)
+
+
+@pytest.mark.parametrize("attention,n_kv_heads", [("mha", 4), ("gqa", 2), ("mqa", 1)])
+def test_measured_wiring_is_the_grouping(attention, n_kv_heads):
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, attention=attention,
+                      context_length=16)
+    torch.manual_seed(0)
+    reads = kv_wiring(far_from_init(Transformer(cfg)), torch.randint(64, (1, 10)))
+    assert reads == [[h // (4 // n_kv_heads)] for h in range(4)]
+    sizes = cache_by_kv_heads(cfg)
+    assert [(s["attention"], s["kv_heads"], s["this_model"]) for s in sizes] == [
+        ("MHA", 4, n_kv_heads == 4), ("GQA", 2, n_kv_heads == 2), ("MQA", 1, n_kv_heads == 1)]
+    assert [s["bytes"] for s in sizes] == [kv_cache_bytes(1, n, 8, 16, 1, 4) for n in (4, 2, 1)]
+
+
+def test_relu_zeroes_about_half_its_units_and_silu_none():
+    torch.manual_seed(0)
+    tokens = torch.randint(64, (1, 12))
+    for ffn, low, high in (("relu", 0.3, 0.7), ("swiglu", 0.0, 0.0)):
+        cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn=ffn, context_length=16)
+        activations = ffn_activations(far_from_init(Transformer(cfg)), tokens)
+        assert all(low <= zero <= high for zero in activations["zero"]), activations["zero"]
+        assert all(near >= zero for near, zero in zip(activations["near_zero"], activations["zero"]))
+
+
+def decode_work(cfg: ModelConfig, position: int, cached: bool) -> int:
+    """Multiply-adds of the step that feeds position t: per token and layer the q, k, v, output and FFN matmuls,
+    the attention's q.k and weights.v over the t + 1 keys each query sees, and the LM head for the last token."""
+    per_token = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.d_model ** 2 \
+        + 3 * cfg.d_model * cfg.d_ff
+    queries = [position] if cached else range(position + 1)
+    attention = sum(2 * cfg.n_heads * cfg.head_dim * (t + 1) for t in queries)
+    return cfg.n_layers * (len(queries) * per_token + attention) + cfg.d_model * cfg.vocab_size
+
+
+def test_uncached_steps_grow_with_position_and_cached_ones_stay_the_same_order():
+    """On a model wide and long enough for the work to show, the first and the last tenth of the positions, each by
+    its fastest step. Counted, a cached step's work grows at most 1.32x from one to the other (its attention over
+    more keys), an uncached step's at least 10x. Timed, a step also carries a fixed cost the count leaves out
+    (dispatch, sampling), which flattens both: the uncached steps must still grow more than 3x, and the cached ones
+    less than 3x, room for a busy machine."""
+    cfg = ModelConfig(vocab_size=256, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, context_length=256)
+    first, last = slice(0, 25), slice(230, 255)  # positions 1-25 and 231-255
+    assert decode_work(cfg, 255, True) / decode_work(cfg, 1, True) < 1.33
+    assert decode_work(cfg, 231, False) / decode_work(cfg, 25, False) > 10
+    torch.manual_seed(0)
+    times = decode_times(Transformer(cfg).eval(), first_token=1, repeats=3)
+    assert times["positions"] == list(range(1, 256)) and times["cache_bytes"] == kv_cache_bytes(2, 2, 32, 256, 1, 4)
+    uncached, cached = times["uncached_s"], times["cached_s"]
+    assert min(uncached[last]) > 3 * min(uncached[first]), uncached
+    assert min(cached[last]) < 3 * min(cached[first]), cached
+
+
+# --- the report ----------------------------------------------------------------------------------------------
+
+def embedded_images(page: str) -> list[bytes]:
+    return [base64.b64decode(data) for data in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
+
+
+@pytest.mark.parametrize("which", ["one", "two"])
+def test_every_section_is_in_the_page_and_every_figure_in_it(which, request):
+    out = request.getfixturevalue(which)
+    page, numbers = (out / "index.html").read_text(), json.loads((out / "report.json").read_text())
+    labels = [c["label"] for c in numbers["checkpoints"]]
+    assert labels == (["llama_tiny-norm=layernorm"] if which == "one" else ["position=rope", "position=learned"])
+    for section in SECTIONS:
+        body = page.split(f'<section id="{section}">')[1].split("</section>")[0]
+        assert "<img" in body and "<table>" in body and all(label in body for label in labels), section
+    pngs = sorted(out.glob("*.png"))
+    assert sorted(embedded_images(page)) == sorted(p.read_bytes() for p in pngs)
+    expected = {"kv_cache", "attention_wiring", "attention_entropy", "shift_check", "score_distance",
+                "residual_stream", "ffn"} | {f"attention_maps_{i}" for i in range(len(labels))}
+    assert {p.stem for p in pngs} == expected | ({"position_table"} if which == "two" else set())
+    assert "http://" not in page and "https://" not in page  # nothing to fetch
+    for ckpt in numbers["checkpoints"]:
+        T = len(numbers["tokens"])
+        assert len(ckpt["attention_maps"]["weights"][0][0]) == T and len(ckpt["kv_cache"]["cached_s"]) == 31
+        assert (ckpt["positions"]["table_similarity"] is None) == (ckpt["model"]["position"] == "rope")
+
+
+@pytest.mark.parametrize("case,message", [
+    ("missing", "--ckpt {missing}: no checkpoint at {missing}"),
+    ("corrupt", "does not match the sha256 in its config.json"),
+    ("empty prompt", "--prompt='' is empty"),
+    ("one-token prompt", "--prompt='A' is one token"),
+    ("long prompt", "tokens with BOS, more than model.context_length=32 of --ckpt"),
+    ("vocabularies", "have different vocabularies (300 and 320 pieces)"),
+    ("out", "exists and is not a report (no report.json in it)"),
+    ("wandb", "is not a train.py run's checkpoint"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(case, message, rope_run, learned_ckpt, other_vocabulary,
+                                                          tmp_path, capsys):
+    missing, out = tmp_path / "missing", tmp_path / "out"
+    argv = {"missing": ["--ckpt", str(missing)],
+            "corrupt": ["--ckpt", str(corrupted(rope_run, tmp_path))],
+            "empty prompt": ["--ckpt", str(rope_run), "--prompt", ""],
+            "one-token prompt": ["--ckpt", str(rope_run), "--prompt", "A"],
+            "long prompt": ["--ckpt", str(rope_run), "--prompt", PROMPT * 3],
+            "vocabularies": ["--ckpt", str(rope_run), "--ckpt", str(other_vocabulary)],
+            "out": ["--ckpt", str(rope_run), "--out", str(tmp_path)],
+            "wandb": ["--ckpt", str(learned_ckpt), "--wandb"]}[case]
+    before = sorted(tmp_path.rglob("*"))
+    code = report.main(argv + (["--prompt", PROMPT] if "--prompt" not in argv else []) +
+                       (["--out", str(out)] if "--out" not in argv else []))
+    captured = capsys.readouterr()
+    assert code == 2 and captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("error: ") and message.format(missing=missing) in captured.err, captured.err
+    assert sorted(tmp_path.rglob("*")) == before and not (learned_ckpt.parent / "report").exists()
+
+
+def corrupted(run: Path, tmp_path: Path) -> Path:
+    broken = tmp_path / "broken"
+    shutil.copytree(run / "ckpt", broken)
+    (broken / "model.safetensors").write_bytes(b"\x00" * 20)
+    return broken
+
+
+def test_wandb_offline_gets_every_figure_and_table(one):
+    """`one` ran with --wandb offline: the checkpoint's own W&B run (train.py's id), in its run dir, holds every figure
+    (wandb.Image) and every table (wandb.Table) of the report."""
+    run = one.parent
+    wandb_id = torch.load(run / "ckpt" / "train_state.pt", weights_only=True)["progress"]["wandb_id"]
+    [files] = (run / "wandb").glob(f"offline-run-*-{wandb_id}/files")
+    images = files / "media" / "images" / "report"
+    for png in one.glob("*.png"):  # W&B names a logged image <key>_<step>_<hash of its bytes>.png
+        [logged] = images.glob(f"{png.stem}_0_*.png")
+        assert logged.read_bytes() == png.read_bytes()
+    tables = sorted(p.name.split("_0_")[0] for p in (files / "media" / "table" / "report" / "table").glob("*.table.json"))
+    assert tables == sorted(["kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn"])
+
+
+# --- the page in a browser -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium from the system's packages (Debian: chromium, chromium-driver), driven by Selenium with the
+    driver's path given, so that Selenium Manager never looks for, or downloads, a browser of its own. Without one
+    the test is skipped with the reason, which pytest's summary shows (-rs in pyproject.toml)."""
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and chromedriver):
+        pytest.skip("no browser for the page's test: install Debian's chromium and chromium-driver "
+                    "(apt-get install -y chromium chromium-driver, as README says)")
+    from selenium import webdriver
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    # --no-sandbox: Chromium refuses to run as root without it, and CI runs as root
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    try:
+        driver = webdriver.Chrome(service=Service(chromedriver), options=options)
+    except WebDriverException as e:
+        pytest.skip(f"chromium did not start for the page's test: {str(e.msg).splitlines()[0]}")
+    yield driver
+    driver.quit()
+
+
+def set_fields(driver, **values):
+    from selenium.webdriver.support.ui import Select
+
+    for key, value in values.items():
+        if key == "dtype":
+            Select(driver.find_element("id", "est-dtype")).select_by_value(value)
+        else:
+            field = driver.find_element("id", f"est-{key}")
+            field.clear()
+            field.send_keys(str(value))
+
+
+def shown(driver) -> tuple[int, str]:
+    text = driver.find_element("id", "est-bytes").text
+    return int(text.replace(",", "")), driver.find_element("id", "est-gb").text
+
+
+def test_the_page_in_a_browser(browser, two):
+    browser.get((two / "index.html").as_uri())
+    assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
+    widths = browser.execute_script("return Array.from(document.images, img => img.complete ? img.naturalWidth : 0)")
+    assert len(widths) == len(list(two.glob("*.png"))) and all(w > 0 for w in widths), widths
+    numbers = json.loads((two / "report.json").read_text())
+    model = numbers["checkpoints"][0]["model"]
+    # prefilled with the first checkpoint: its cache at its full context in fp32
+    assert shown(browser)[0] == kv_cache_bytes(model["n_layers"], model["n_kv_heads"],
+                                               model["d_model"] // model["n_heads"], model["context_length"], 1, 4)
+    browser.find_element("xpath", "//button[text()='LLaMA-2-7B']").click()
+    assert shown(browser) == (2_147_483_648, "2.15 GB")
+    set_fields(browser, layers=32, kv_heads=8, head_dim=128, seq=4096, dtype="fp16")
+    assert shown(browser) == (kv_cache_bytes(32, 8, 128, 4096, 1, 2), "0.54 GB")
+    set_fields(browser, kv_heads=1)
+    assert shown(browser) == (kv_cache_bytes(32, 1, 128, 4096, 1, 2), "0.07 GB")
+    for layers, kv_heads, head_dim, seq, batch, dtype, size in ((80, 8, 128, 131072, 64, "bf16", 2),
+                                                                 (3, 5, 7, 11, 13, "fp8", 1)):
+        set_fields(browser, layers=layers, kv_heads=kv_heads, head_dim=head_dim, seq=seq, batch=batch, dtype=dtype)
+        assert shown(browser)[0] == kv_cache_bytes(layers, kv_heads, head_dim, seq, batch, size)
+    set_fields(browser, seq=0)
+    assert browser.find_element("id", "est-bytes").text == "seq must be a positive integer"
+    assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
