@@ -61,12 +61,11 @@ from cli import Parser, UsageError
 from generation.engine import Engine, compiled_decoder
 from interop.hf_llama import hf_config, hf_state_dict
 from model import ModelConfig, Transformer
-from storage.files import atomic_write
+from storage.files import atomic_write, write_json
 from training.config import autocast_for
 from training.evaluate import next_token_loss
 from training.optim import make_optimizer
 from training.settings import COMPOSITION_ERRORS, compose_config, composition_error
-from training.tracking import write_json
 
 TRAIN = compose_config([]).train  # train.py's settings: the batch size and the optimizer every peer gets
 # CPU fp32: llama_tiny's training tokens/s against this repo's GPT-2 configuration (eager, and train.compile=true)

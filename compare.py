@@ -30,8 +30,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from storage.files import atomic_write
-from training.tracking import write_json
+from storage.files import atomic_write, write_json
 
 NOT_COMPARED = ("wandb",)  # config nodes that change how a run is logged, not what it trains
 SEED = ("train.seed",)

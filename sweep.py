@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import compare
-from training.tracking import write_json
+from storage.files import write_json
 
 ROOT = Path(__file__).resolve().parent
 VARIANTS = ("baseline", "layernorm", "postnorm", "sinusoidal", "mha", "relu", "transformer2017")

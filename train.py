@@ -94,6 +94,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     ddp = setup_distributed(device)
     with master_first(ddp):  # rank 0 builds the tokenizer and token caches; the others then load them
         data = prepare_data(cfg.data, T, micro_batch)
+    model_cfg = model_config(cfg, data.tokenizer.vocab_size)  # data.vocab_size=null: the rule chose it
     torch.manual_seed(tcfg.seed + ddp.rank)  # DDP copies rank 0's initial weights; the offset varies dropout
     raw_model = Transformer(model_cfg).to(ddp.device)
     optimizer = make_optimizer(raw_model, tcfg)

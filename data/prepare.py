@@ -31,7 +31,10 @@ from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from storage.files import atomic_write, remove_dead_temporaries, sha256
 
 CACHE_FORMAT = 3
-REQUIRED_SETTINGS = ("name", "source", "vocab_size", "val_fraction", "cache_dir", "num_proc")
+REQUIRED_SETTINGS = ("name", "source", "val_fraction", "cache_dir", "num_proc")
+# data.vocab_size=null: the tokenizer's size follows the train split's size in UTF-8 bytes, the smallest
+# bound at or above it (docs/data.md, "The vocabulary rule", has the measurement behind it)
+VOCAB_RULE = ((1_000_000, 512), (math.inf, 1024))
 SPLITS = ("train", "val")
 
 
@@ -54,7 +57,7 @@ def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
         "format": CACHE_FORMAT,
         "source": cfg["source"],
         "identity": source.identity,
-        "vocab_size": cfg["vocab_size"],
+        "vocab_size": cfg["vocab_size"] or f"rule {VOCAB_RULE}",
         "val_fraction": cfg["val_fraction"],
         "tokenizer": TRAINER_SETTINGS,
     }
@@ -107,7 +110,7 @@ def check_settings(cfg):
     if cfg["source"] not in SOURCES:
         raise DataError(f"data.source={cfg['source']!r} is not one of {', '.join(SOURCES)}")
     for key in ("vocab_size", "num_proc"):
-        if not isinstance(cfg[key], int) or cfg[key] < 1:
+        if (cfg[key] is not None or key == "num_proc") and (not isinstance(cfg[key], int) or cfg[key] < 1):
             raise DataError(f"data.{key}={cfg[key]!r} must be a positive integer")
     if not isinstance(cfg["val_fraction"], (int, float)) or not 0 < cfg["val_fraction"] <= 0.5:
         raise DataError(f"data.val_fraction={cfg['val_fraction']!r} must be in (0, 0.5]")
@@ -189,7 +192,8 @@ def fill_cache(cache: Path, key: str, docs: datasets.Dataset, cfg) -> dict:
         except (OSError, RuntimeError):  # ... unless it is damaged: train it again
             model_file.unlink()
     if tokenizer is None:
-        tokenizer = train_on(train_docs, cfg, model_file)
+        train_bytes = sum(len(text.encode("utf-8")) for text in train_docs["text"])
+        tokenizer = train_on(train_docs, cfg, cfg["vocab_size"] or vocab_for(train_bytes), model_file)
     dtype = np.dtype(np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32)
     splits = {
         split: write_stream(split_docs, model_file, dtype, cache / f"{split}.bin", cfg["num_proc"], split)
@@ -215,7 +219,12 @@ def unigram_bpb(train_tokens: np.ndarray, val_tokens: np.ndarray, vocab_size: in
     return float(nats / math.log(2) / bytes_per_token)
 
 
-def train_on(train_docs: datasets.Dataset, cfg, model_file: Path) -> Tokenizer:
+def vocab_for(train_bytes: int) -> int:
+    """data.vocab_size=null: VOCAB_RULE's size for a train split of this many bytes."""
+    return next(vocab for bound, vocab in VOCAB_RULE if train_bytes <= bound)
+
+
+def train_on(train_docs: datasets.Dataset, cfg, vocab_size: int, model_file: Path) -> Tokenizer:
     n_chars = 0
 
     def lines():
@@ -227,14 +236,15 @@ def train_on(train_docs: datasets.Dataset, cfg, model_file: Path) -> Tokenizer:
                     yield from text.split("\n")
                 bar.update(len(batch["text"]))
 
-    print(f"data: training a {cfg['vocab_size']}-piece BPE tokenizer on the train split")
+    rule = "" if cfg["vocab_size"] else " (data.vocab_size=null: the vocabulary rule's size for its bytes)"
+    print(f"data: training a {vocab_size}-piece BPE tokenizer on the train split{rule}")
     try:
-        return train_tokenizer(lines(), cfg["vocab_size"], model_file)
+        return train_tokenizer(lines(), vocab_size, model_file)
     except RuntimeError as e:
         if n_chars == 0:
             raise DataError(f"{describe(cfg)}: the train split has no text") from None
         reason = str(e).strip().splitlines()[-1].split("] ")[-1]  # drop SentencePiece's source location
-        raise DataError(f"data.vocab_size={cfg['vocab_size']}: the train split of {describe(cfg)} cannot "
+        raise DataError(f"data.vocab_size={vocab_size}: the train split of {describe(cfg)} cannot "
                         f"support it: {reason}") from None
 
 

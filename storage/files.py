@@ -1,6 +1,7 @@
 """Files written whole or not at all: a reader (a resumed run, another process, a plot viewer) sees the old
 file or the new one, never half of one. No heavy imports, so every script can use it."""
 import hashlib
+import json
 import os
 import shutil
 from contextlib import contextmanager
@@ -32,6 +33,10 @@ def write_bytes(path: Path, data: bytes) -> None:
         if e.filename is not None:
             raise
         raise OSError(e.errno, e.strerror, str(path)) from None
+
+
+def write_json(path: Path, values: dict) -> None:
+    atomic_write(path, lambda f: f.write((json.dumps(values, indent=2) + "\n").encode()))
 
 
 def remove_dead_temporaries(folder: Path) -> None:

@@ -13,6 +13,7 @@ from data_helpers import data_settings, documents
 
 from data import DataError, prepare_data
 from data.__main__ import main as data_main
+from data import prepare
 from data.prepare import split_documents
 from data.sources import play_text, shakespeare
 
@@ -182,6 +183,17 @@ def test_the_unigram_level_is_computed_once_with_the_cache(corpus_cfg, monkeypat
     assert json.loads((first.cache_dir / "manifest.json").read_text())["unigram_val_bpb"] == first.unigram_val_bpb
     monkeypatch.setattr(np, "bincount", lambda *args, **kwargs: pytest.fail("the unigram level was counted again"))
     assert prepare_data(corpus_cfg, 16, 4).unigram_val_bpb == first.unigram_val_bpb
+
+
+def test_a_null_vocab_size_follows_the_rule_by_the_train_splits_bytes(corpus_cfg, monkeypatch, capsys):
+    assert [prepare.vocab_for(n) for n in (1, prepare.VOCAB_RULE[0][0], prepare.VOCAB_RULE[0][0] + 1, 10**12)] == \
+        [prepare.VOCAB_RULE[0][1], prepare.VOCAB_RULE[0][1], prepare.VOCAB_RULE[1][1], prepare.VOCAB_RULE[-1][1]]
+    # a rule small enough for this corpus: 300 pieces up to 1 kB of train text, 320 above (it has 2.7 kB)
+    monkeypatch.setattr(prepare, "VOCAB_RULE", ((1_000, 300), (math.inf, 320)))
+    ruled = prepare_data(dict(corpus_cfg, vocab_size=None), 16, 4)
+    assert ruled.tokenizer.vocab_size == 320
+    assert "training a 320-piece BPE tokenizer on the train split (data.vocab_size=null" in capsys.readouterr().out
+    assert ruled.cache_dir != prepare_data(dict(corpus_cfg, vocab_size=320), 16, 4).cache_dir  # the rule is in the key
 
 
 def test_changed_settings_or_corpus_rebuild(corpus_cfg):

@@ -75,9 +75,14 @@ def eval_window_count(train: DictConfig, context_length: int) -> int:
     return train.eval_tokens // context_length
 
 
-def model_config(cfg: DictConfig) -> ModelConfig:
-    """The model of a composed config: its `model` node, with the vocab size the data settings give."""
-    return ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": cfg.data.vocab_size})
+PROVISIONAL_VOCAB = 512  # data.vocab_size=null: the model is checked with it until the data's tokenizer says
+
+
+def model_config(cfg: DictConfig, vocab_size: int | None = None) -> ModelConfig:
+    """The model of a composed config: its `model` node, with this vocab size (the tokenizer's), else the data
+    settings' (data.vocab_size=null: the vocabulary rule picks it with the data, so a provisional one checks the rest)."""
+    vocab = vocab_size or cfg.data.vocab_size or PROVISIONAL_VOCAB
+    return ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
 
 
 def autocast_for(device: torch.device) -> AbstractContextManager:

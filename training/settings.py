@@ -75,7 +75,7 @@ class ModelSettings:  # the groups (norm, position, ...) fill the switches, a pr
 class DataSettings:  # configs/data_common.yaml, then each corpus's own keys (configs/data/)
     name: str = MISSING
     source: str = MISSING
-    vocab_size: int = MISSING
+    vocab_size: Optional[int] = MISSING  # null: the vocabulary rule (data/prepare.py)
     val_fraction: float = MISSING
     num_proc: int = MISSING
     cache_dir: str = MISSING

@@ -20,7 +20,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from model.config import ConfigError
-from storage.files import atomic_write
+from storage.files import atomic_write, write_json
 from training.settings import CONFIG_DIR
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -55,10 +55,6 @@ def default_run_name(choices: dict) -> str:
             if choices.get(group) != option:
                 switched.append(f"{group}={choices.get(group)}")
     return "-".join([choices.get("experiment") or preset, *switched])
-
-
-def write_json(path: Path, values: dict) -> None:
-    atomic_write(path, lambda f: f.write((json.dumps(values, indent=2) + "\n").encode()))
 
 
 def keep_metrics_up_to(path: Path, step: int) -> None:
