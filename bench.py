@@ -62,7 +62,7 @@ from generation.engine import Engine, compiled_decoder
 from interop.hf_llama import hf_config, hf_state_dict
 from model import ModelConfig, Transformer
 from storage.files import atomic_write, write_json
-from training.config import autocast_for
+from training.config import autocast_for, model_config
 from training.evaluate import next_token_loss
 from training.optim import make_optimizer
 from training.settings import COMPOSITION_ERRORS, compose_config, composition_error
@@ -93,7 +93,7 @@ def full_sizes(overrides: list[str]) -> Sizes:
     """What `python train.py <overrides>` trains (default: llama_tiny and its vocabulary), at the bench's sizes."""
     cfg = compose_config(overrides)
     dims = {key: cfg.model[key] for key in ("d_model", "n_layers", "n_heads", "n_kv_heads")}
-    return Sizes(dims | {"vocab_size": cfg.data.vocab_size}, batch_size=cfg.train.batch_size,
+    return Sizes(dims | {"vocab_size": model_config(cfg).vocab_size}, batch_size=cfg.train.batch_size,
                  context=cfg.model.context_length, prompt_tokens=16, new_tokens=512, decode_batches=(1, 8),
                  decode_context=1024, prefill_tokens=256, peak_n=2048, repeats=5)
 

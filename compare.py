@@ -15,6 +15,8 @@ the difference in bpb from the baseline variant (--baseline), which counts as be
 
 (two standard errors of the difference of two means; "n/a" when either side has one run).
 bpb alone is compared: every run reads the same tokenizer, so loss and bpb differ by a constant.
+Each row also shows the steps, tokens and seconds its runs trained (a range where they differ), and a note
+follows the table when runs trained unequal numbers of tokens, as budgeted runs on a busy machine do.
 A run whose metrics.jsonl is missing, has a line that is not JSON (killed mid-write), has no
 val_bpb, or stops before train.max_steps (or whose summary.json gives a stop_reason other than
 completed: a NaN loss, a signal) is reported as incomplete and left out of the means.
@@ -208,7 +210,8 @@ def unequal_training_note(runs: list[Run]) -> str | None:
     if len(tokens) < 2:
         return None
     return (f"note: the runs trained unequal numbers of tokens ({min(tokens) / 1e6:.2f}-{max(tokens) / 1e6:.2f} M): "
-            f"a time budget is wall-clock, so a slower or busier machine buys fewer steps; compare like with like")
+            f"runs of other lengths, or budgeted runs on a slower or busier machine (a budget is wall-clock); "
+            f"compare like with like")
 
 
 def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:

@@ -1,21 +1,24 @@
 """Train a nanollama model. Settings: configs/config.yaml (train.*, wandb.*, model.*, data.*).
 
-    python train.py                                        # llama_tiny on Shakespeare, CPU, ~10 minutes
+    python train.py                                        # llama_tiny on Shakespeare, 5 minutes of CPU
     python train.py norm=layernorm wandb.group=norms       # one component switched back to 2017
-    python train.py hydra.run.dir=outputs/run1 train.resume=true train.max_steps=600
+    python train.py train.max_steps=600                    # 600 steps (the schedule over them), unless 5 minutes end first
+    python train.py hydra.run.dir=outputs/run1 train.resume=true
+    python train.py -m train.lr=1e-3,3e-3                  # a multirun: one dir per job (training/multirun.py)
     torchrun --nproc_per_node=4 train.py train.batch_size=64
 
 Outputs go to the Hydra run dir: ckpt/ (weights, model config, tokenizer, train_state.pt),
 metrics.jsonl, config.yaml (resolved), summary.json and wandb/.
-Exit codes: 0 done; 1 the loss went NaN/inf; 2 a bad setting, data or checkpoint (one `error:`
-line); 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint. In a multirun (-m) only a signal
-ends the sweep.
+Exit codes: 0 done; 1 the loss went NaN/inf; 2 a bad setting, data or checkpoint, or a lost DDP process
+(one `error:` line); 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint. In a multirun (-m) only a
+signal ends the sweep; a job that failed makes it exit 1 at its end.
 """
 import math
 import os
 import signal
 import sys
 import time
+import traceback
 import uuid
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
@@ -41,7 +44,6 @@ from training.distributed import (agree_on_signal, from_master, lost_a_process, 
                                   mean_over_processes, setup_distributed, teardown_distributed, world_size)
 from training.evaluate import divergence, evaluate, next_token_loss
 from training.horizon import Horizon
-import training.multirun  # noqa: F401 (the ${swept:} resolver that names a multirun's job dirs)
 from training.optim import lr_at, make_optimizer
 from training.run_lock import run_dir_lock
 from training.settings import check_command_line
@@ -63,6 +65,12 @@ def main(cfg: DictConfig) -> int:
         print(f"error: cannot write {e.filename or HydraConfig.get().runtime.output_dir}: {e.strerror or e}",
               file=sys.stderr)
         exit_code = 2
+    except Exception as e:  # a bug: a run alone shows its traceback; a multirun's job records it and goes on
+        if HydraConfig.get().mode == RunMode.RUN:
+            raise
+        traceback.print_exc()
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        exit_code = 1
     # In a multirun the sweep goes on after a job that failed: training/multirun.py records its exit code
     # and fails the whole command at its end; a signal stops the sweep at once.
     if exit_code and (HydraConfig.get().mode == RunMode.RUN or exit_code > 2):
@@ -117,11 +125,11 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
 
     name = cfg.wandb.name or default_run_name(hydra_cfg.runtime.choices)
     if ddp.master:  # the run has started: its files are written and outputs/latest points at it
-        tracker = start_tracking(cfg, run_dir, tracking_mode, name, progress, resume_from, raw_model, data,
-                                 eval_windows * T)
+        val_batches = eval_batches(data.val, micro_batch, T, eval_windows, ddp.device)
+        tracker = start_tracking(cfg, run_dir, tracking_mode, name, progress, resume_from is not None, raw_model,
+                                 data, eval_tokens=sum(y.numel() for _, y in val_batches))
         if cfg.latest_link:
             atomic_symlink(Path(cfg.latest_link).expanduser(), run_dir)
-        val_batches = eval_batches(data.val, micro_batch, T, eval_windows, ddp.device)
         engine = Engine(raw_model, data.tokenizer)
         print(f"{name}: {raw_model.num_params() / 1e6:.2f} M parameters | {tcfg.batch_size} sequences x {T} tokens "
               f"per step = {ddp.world_size} processes x {accum_steps} accumulation x {micro_batch} | "
@@ -225,8 +233,11 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     except RuntimeError as e:  # a peer process died: its gradients never came, the weights are the last step's
         if not lost_a_process(ddp, e):
             raise
+        lost = True
         stop_reason, exit_code = f"lost a process after step {progress.step}", 2
         final_line = lost_process_line(ddp, e, progress.step, run_dir)
+    else:
+        lost = False
     if ddp.master and exit_code > 1 and last_saved_step != progress.step:  # a signal or a lost process
         save_training_checkpoint(run_dir / "ckpt", raw_model, data.tokenizer.model_file, optimizer, progress)
     bar.close()  # before the last line, so that the bar is not redrawn below it
@@ -235,7 +246,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
                         "tokens": progress.tokens, "elapsed_s": progress.elapsed_s, "setup_s": setup_s, **horizon.summary(progress.step, progress.elapsed_s, stop_reason == "completed"),
                         "stop_reason": stop_reason})
         print(final_line or end_of_run_line(name, progress, meter, tcfg.reference_tokens_per_s), file=sys.stderr)
-    if exit_code != 2:  # after a lost process there is no process group left to leave
+    if not lost:  # after a lost process there is no process group left to leave
         teardown_distributed(ddp)
     return exit_code
 

@@ -62,7 +62,7 @@ FINAL_BPB = {"baseline": [2.00, 2.02, 2.04], "layernorm": [2.10, 2.12, 2.11], "m
 
 @pytest.fixture
 def sweep(tmp_path):
-    """A multirun dir laid out like the ablation's: <variant>/seed<N>/."""
+    """Run dirs grouped by variant, <variant>/seed<N>/ (compare.py reads any layout)."""
     for variant, finals in FINAL_BPB.items():
         for seed, bpb in enumerate(finals):
             write_run(tmp_path / "multirun" / variant / f"seed{seed}", variant, seed, bpb)

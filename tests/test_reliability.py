@@ -128,12 +128,12 @@ def test_saving_non_finite_weights_is_refused(trained, tmp_path):
     assert not any(tmp_path.iterdir())
 
 
-def test_a_refused_run_leaves_the_latest_link_where_it_was(trained, workdir, tiny):
-    """`latest` moves once a run has started writing: a run refused for a run dir that already holds a checkpoint,
-    or for an empty corpus, leaves it at the newest run that started."""
+def test_a_refused_run_leaves_the_latest_link_where_it_was(trained, copy, workdir, tiny):
+    """`latest` moves once a run has started writing: a run refused for a run dir that already holds a checkpoint
+    (a copy of `trained`), or for an empty corpus, leaves it at the newest run that started."""
     latest = workdir / "latest"
     assert latest.resolve() == trained.resolve()
-    again = train(trained, *tiny, "train.max_steps=4")
+    again = train(copy, *tiny, "train.max_steps=4")
     assert again.returncode == 2 and "already holds a checkpoint" in last_error(again.stderr)
     (workdir / "empty.txt").write_text("")
     empty = train(workdir / "empty-corpus", *tiny, f"data.path={workdir / 'empty.txt'}")

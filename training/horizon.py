@@ -26,14 +26,16 @@ class Horizon:
         self.budget = budget
 
     def describe(self) -> str:
-        """Which limit drives the run, for its first line."""
+        """Which limits end the run and drive its schedule, for its first lines."""
         steps = f"train.max_steps={self.max_steps}" if self.max_steps < math.inf else None
-        budget = f"train.time_budget={self.budget.seconds:g} s" if self.budget else None
-        if steps and budget:
-            return f"ends at {steps} or when {budget} is spent, whichever comes first; the schedule follows that one"
-        if self.schedule_steps is not None and self.schedule_steps != self.max_steps:
-            return f"ends at {steps}; the schedule spans train.lr_decay_steps={self.schedule_steps}"
-        return f"ends at {steps or budget}; the schedule follows it"
+        budget = f"when train.time_budget={self.budget.seconds:g} s is spent" if self.budget else None
+        ends = f"ends at {steps} or {budget}, whichever comes first" if steps and budget else f"ends {'at ' + steps if steps else budget}"
+        if self.schedule_steps is None:
+            return f"{ends}; the schedule follows the time"
+        if self.schedule_steps != self.max_steps:
+            return f"{ends}; the schedule spans train.lr_decay_steps={self.schedule_steps} steps" + (
+                " or the time, whichever is nearer its end" if budget else "")
+        return f"{ends}; the schedule follows " + ("that one" if budget else "the steps")
 
     def spent(self, step: int, elapsed: float) -> bool:
         """No room for another step: a resumed run whose limit was already reached."""

@@ -12,14 +12,24 @@ import sys
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
+from hydra.errors import OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 
 def swept_keys(command_line: list[str], sweeper_params) -> set[str]:
-    """The keys a multirun sweeps: those with several values on the command line, and hydra.sweeper.params'."""
-    overrides = OverridesParser.create().parse_overrides([a for a in command_line if not a.startswith("-")])
-    return {o.key_or_group for o in overrides if o.is_sweep_override()} | set(sweeper_params or {})
+    """The keys a multirun sweeps: those with several values on the command line, and hydra.sweeper.params'.
+    Arguments that are no override (Hydra's flags; a test runner's, where configs are composed in-process)
+    sweep nothing."""
+    parser, keys = OverridesParser.create(), {key.lstrip("+~") for key in sweeper_params or {}}
+    for argument in command_line:
+        try:
+            (override,) = parser.parse_overrides([argument])
+        except OverrideParseException:
+            continue
+        if override.is_sweep_override():
+            keys.add(override.key_or_group)
+    return keys
 
 
 def swept(_root_) -> str:
@@ -28,7 +38,8 @@ def swept(_root_) -> str:
     hydra = _root_.hydra
     keys = swept_keys(sys.argv[1:], hydra.sweeper.get("params")) - set(hydra.job.config.override_dirname.exclude_keys)
     own = OverridesParser.create().parse_overrides(list(hydra.overrides.task))
-    return ",".join(sorted(o.input_line for o in own if o.key_or_group in keys)) or "run"
+    name = ",".join(sorted(o.input_line.lstrip("+~") for o in own if o.key_or_group in keys)) or "run"
+    return name.replace("/", "_")  # a swept path names one dir, not a tree
 
 
 OmegaConf.register_new_resolver("swept", swept, replace=True)
@@ -40,7 +51,7 @@ class FailedJobs(Callback):
 
     def on_job_end(self, config, job_return, **kwargs) -> None:
         self.jobs += 1
-        code = job_return._return_value if job_return.status == JobStatus.COMPLETED else "an exception"
+        code = job_return.return_value if job_return.status == JobStatus.COMPLETED else 1
         if code:
             self.failed.append(f"{job_return.hydra_cfg.hydra.runtime.output_dir} (exit {code})")
 

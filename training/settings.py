@@ -17,6 +17,8 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+import training.multirun  # noqa: F401  (registers ${swept:}, which names a multirun's job dirs, before any composition)
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a bad override, key, value or group option
 

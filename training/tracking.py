@@ -134,7 +134,7 @@ def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per
         line += f", {rate:,.0f} tokens/s"
         if reference_tokens_per_s:
             line += (f" ({rate / reference_tokens_per_s:.0%} of train.reference_tokens_per_s="
-                     f"{reference_tokens_per_s:,.0f}, this configuration's rate on an idle 2-core machine)")
+                     f"{reference_tokens_per_s:,.0f}, the preset's rate on an idle 2-core CPU machine)")
     return line
 
 
