@@ -3,9 +3,9 @@
 
     python scripts/gguf_quality.py --run outputs/<date>/<time> [--out-dir DIR] [--prompt "ROMEO:"] [--greedy-tokens 100]
 
-Per dtype: the file's size and the val bpb of llama.cpp and of transformers on the run's fixed val set (the
-train.eval_batches micro-batches of context_length tokens that training evaluates), next to ours, which is the
-run's final val_bpb. For f32 also: the largest logit difference from ours on that set, whether llama.cpp's greedy
+Per dtype: the file's size and the val bpb of llama.cpp (with a float32 KV cache, and with its default f16 one)
+and of transformers on the run's fixed val set (the train.eval_batches micro-batches of context_length tokens that
+training evaluates), next to ours, which is the run's final val_bpb. For f32 also (float32 KV cache): the largest logit difference from ours on that set, whether llama.cpp's greedy
 continuation of BOS + --prompt (its own sampler at temperature 0) equals ours token for token, and whether
 llama.cpp tokenizes every val document as data/tokenizer.py does. Needs llama-cpp-python (pip install llama-cpp-python).
 """
@@ -31,6 +31,9 @@ from generation.engine import Engine  # noqa: E402
 from interop.gguf_llama import DTYPES  # noqa: E402
 from storage.checkpoint import load_checkpoint  # noqa: E402
 from training.config import check_train_config  # noqa: E402
+from bench_gguf import open_llama_cpp  # noqa: E402  (this folder)
+
+THREADS = 2
 
 
 def llama_cpp_logits(llm: llama_cpp.Llama, x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +64,7 @@ def main() -> int:
     parser.add_argument("--prompt", default="ROMEO:")
     parser.add_argument("--greedy-tokens", type=int, default=100)
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     run = Path(args.run)
     cfg = OmegaConf.load(run / "config.yaml")
     model, _ = load_checkpoint(run)
@@ -81,10 +84,14 @@ def main() -> int:
     for dtype in DTYPES:
         path = out_dir / f"model-{dtype}.gguf"
         assert export.main(["--ckpt", str(run), "--format", "gguf", "--dtype", dtype, "--out", str(path), "--force"]) == 0
-        llm = llama_cpp.Llama(model_path=str(path), n_ctx=T, n_batch=T, n_threads=2, logits_all=True, verbose=False)
+        llm = open_llama_cpp(path, T, THREADS, n_batch=T, logits_all=True,
+                             type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+        # llama.cpp's default KV cache, f16: what llama-cli runs
+        default_cache = open_llama_cpp(path, T, THREADS, n_batch=T, logits_all=True)
         theirs = AutoModelForCausalLM.from_pretrained(out_dir, gguf_file=path.name).eval()
         with torch.no_grad():
             rows.append((dtype, path.stat().st_size, bpb(lambda x: llama_cpp_logits(llm, x), batches, bpt),
+                         bpb(lambda x: llama_cpp_logits(default_cache, x), batches, bpt),
                          bpb(lambda x: theirs(x).logits, batches, bpt)))
         if dtype != "f32":
             continue
@@ -109,11 +116,12 @@ def main() -> int:
               f"({sum(map(len, docs)):,} tokens) tokenized by llama.cpp exactly as ours"
               + (f"; differing: documents {differ[:10]}" if differ else ""))
 
-    print("\n| --dtype | file size | val bpb, llama.cpp | val bpb, transformers (dequantized) | ours (f32) |")
+    print("\n| --dtype | file size | val bpb: llama.cpp, f32 KV cache | llama.cpp, f16 KV cache (its default) | "
+          "transformers (dequantized to f32) |")
     print("|---|---|---|---|---|")
-    for dtype, size, by_llama_cpp, by_transformers in rows:
-        print(f"| {dtype} | {size:,} bytes | {by_llama_cpp:.6f} ({by_llama_cpp - ours:+.6f}) | "
-              f"{by_transformers:.6f} ({by_transformers - ours:+.6f}) | {ours:.6f} |")
+    for dtype, size, *values in rows:
+        print(f"| {dtype} | {size:,} bytes | " + " | ".join(f"{v:.5f} ({v - ours:+.1e})" for v in values) + " |")
+    print(f"\n(ours, float32 in torch: {ours:.5f}; in parentheses: the difference from it)")
     return 0
 
 
