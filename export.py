@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--dtype={args.dtype} applies to --format gguf only; transformers' export is float32")
         if args.format == "gguf":
             notes = export_gguf(args.ckpt, args.out, args.dtype or "f32", args.force)
-            how = f"run it with llama.cpp: llama-cli -m {args.out}, or llama_cpp.Llama(model_path={str(args.out)!r})"
+            how = (f"run it with llama.cpp: llama-completion -m {args.out}, "
+                   f"or llama_cpp.Llama(model_path={str(args.out)!r})")
         else:
             notes = export_transformers(args.ckpt, args.out, args.force)
             how = f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})"

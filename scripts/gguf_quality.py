@@ -4,10 +4,11 @@
     python scripts/gguf_quality.py --run outputs/<date>/<time> [--out-dir DIR] [--prompt "ROMEO:"] [--greedy-tokens 100]
 
 Per dtype: the file's size and the val bpb of llama.cpp (with a float32 KV cache, and with its default f16 one)
-and of transformers on the run's fixed val set (the train.eval_batches micro-batches of context_length tokens that
-training evaluates), next to ours, which is the run's final val_bpb. For f32 also (float32 KV cache): the largest logit difference from ours on that set, whether llama.cpp's greedy
-continuation of BOS + --prompt (its own sampler at temperature 0) equals ours token for token, and whether
-llama.cpp tokenizes every val document as data/tokenizer.py does. Needs llama-cpp-python (pip install llama-cpp-python).
+and of transformers on the run's fixed val set (the train.eval_batches micro-batches of context_length tokens
+that training evaluates), next to ours, which is the run's final val_bpb. For f32 also (float32 KV cache): the
+largest logit difference from ours on that set, whether llama.cpp's greedy continuation of BOS + --prompt (its
+own sampler at temperature 0) equals ours token for token, and whether llama.cpp tokenizes every val document
+as data/tokenizer.py does. Needs llama-cpp-python (pip install llama-cpp-python).
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def main() -> int:
     rows = []
     for dtype in DTYPES:
         path = out_dir / f"model-{dtype}.gguf"
-        assert export.main(["--ckpt", str(run), "--format", "gguf", "--dtype", dtype, "--out", str(path), "--force"]) == 0
+        if export.main(["--ckpt", str(run), "--format", "gguf", "--dtype", dtype, "--out", str(path), "--force"]):
+            return 2  # export printed why
         llm = open_llama_cpp(path, T, THREADS, n_batch=T, logits_all=True,
                              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
         # llama.cpp's default KV cache, f16: what llama-cli runs

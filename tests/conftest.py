@@ -1,4 +1,5 @@
-"""Shared test settings, the fixtures of the modules that run train.py on a tiny model, and the interop tests' tokenizer."""
+"""Shared test settings, the fixtures of the modules that run train.py on a tiny model, and the interop tests'
+tokenizer."""
 from pathlib import Path
 
 import pytest

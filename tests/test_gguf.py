@@ -35,10 +35,10 @@ needs_llama_cpp = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer_file):
     """export(tie, dtype) -> (our model, the GGUF file): one checkpoint per tie setting, one export per dtype."""
-    made = {}
+    root, made = tmp_path_factory.mktemp("gguf"), {}
 
     def export(tie: bool, dtype: str = "f32") -> tuple[Transformer, Path]:
-        d = tmp_path_factory.getbasetemp() / f"gguf_tie{tie}"
+        d = root / f"tie_{tie}"
         if tie not in made:
             made[tie] = far_from_init(Transformer(llama_cfg(tie_embeddings=tie)))
             save_checkpoint(d / "ckpt", made[tie], tokenizer_file)
@@ -104,6 +104,19 @@ def test_quantized_matrices_are_within_their_rounding_of_f32(exported, dtype, qt
         assert (error <= bound * (1 + 1e-6)).all(), name
         assert error.max() > 0  # really rounded
     assert small.stat().st_size < f32.stat().st_size
+
+
+def test_q8_0_keeps_a_matrix_whose_rows_are_not_whole_blocks_f16_with_a_note(tmp_path, tokenizer_file, capsys):
+    # d 48: rows of 48 weights are one and a half q8_0 blocks; ffn_down's rows are d_ff = 128, four whole blocks
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(d_model=48, n_layers=1)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--dtype", "q8_0",
+                      "--out", tmp_path / "m.gguf") == 0
+    types = {name: t.tensor_type for name, t in tensors(tmp_path / "m.gguf").items() if len(t.shape) == 2}
+    assert types.pop("blk.0.ffn_down.weight") == Q.Q8_0
+    assert set(types.values()) == {Q.F16}
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert sorted(line.split()[1] for line in notes) == sorted(types)
+    assert "rows of 48 are not whole Q8_0 blocks of 32" in notes[0]
 
 
 @pytest.mark.parametrize("tie", [True, False])
