@@ -1,15 +1,17 @@
-"""Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory.
+"""Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory or a llama.cpp GGUF file.
 
     python export.py --ckpt outputs/<date>/<time> --out llama_hf [--force]
+    python export.py --ckpt outputs/<date>/<time> --format gguf --out model.gguf [--dtype f32|f16|q8_0] [--force]
 
-Writes config.json, model.safetensors, tokenizer.model and, when transformers' LlamaTokenizer
-reproduces the SentencePiece ids exactly, tokenizer_config.json. The directory is written next to
---out and renamed into place, so a failed export leaves nothing behind. A checkpoint using any
-non-LLaMA switch is refused, naming each such switch.
+transformers: config.json, model.safetensors, tokenizer.model and, when transformers' LlamaTokenizer
+reproduces the SentencePiece ids exactly, tokenizer_config.json (interop/hf_llama.py).
+gguf: one file with the LLaMA metadata, the weights in llama.cpp's layout and the SentencePiece
+tokenizer (interop/gguf_llama.py); --dtype f16 or q8_0 shrinks the matrices.
+Either is written next to --out and renamed into place, so a failed export leaves nothing behind and
+an existing --out whole. A checkpoint using any non-LLaMA switch is refused, naming each such switch.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -17,6 +19,8 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
+from cli import Parser, UsageError
+from interop.gguf_llama import DTYPES, write_gguf
 from interop.hf_llama import InteropError, check_vocab, hf_config, hf_state_dict, hf_tokenizer_config
 from storage.checkpoint import CheckpointError, load_checkpoint
 from storage.files import atomic_dir
@@ -26,7 +30,7 @@ class ExportError(ValueError):
     """A bad --out; the message names it."""
 
 
-def export(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
+def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
     """Writes the transformers directory; returns notes for the user (what could not be made faithful)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -49,20 +53,41 @@ def export(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
     return [] if tokenizer_config is not None else [f"no tokenizer_config.json: {why_not}"]
 
 
+def export_gguf(ckpt: str | Path, out: str | Path, dtype: str = "f32", force: bool = False) -> list[str]:
+    """Writes the GGUF file; returns notes for the user (tensors kept wider than dtype, tokenizer caveats)."""
+    out = Path(out)
+    if out.is_dir():
+        raise ExportError(f"--out {out} is a directory; --format gguf writes one file")
+    if out.exists() and not force:
+        raise ExportError(f"--out {out} exists; pass --force to replace it")
+    model, ckpt_dir = load_checkpoint(ckpt)  # checks the tokenizer against the vocab size too
+    return write_gguf(model, ckpt_dir / "tokenizer.model", out, dtype)  # refuses non-LLaMA switches, naming them all
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, help="a run dir (holding ckpt/) or a checkpoint dir")
-    parser.add_argument("--out", required=True, help="the transformers directory to write")
-    parser.add_argument("--force", action="store_true", help="replace --out if it exists and is not empty")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", required=True, help="the transformers directory or the .gguf file to write")
+    parser.add_argument("--format", choices=("transformers", "gguf"), default="transformers")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), help="gguf only: the matrices' type (default f32)")
+    parser.add_argument("--force", action="store_true", help="replace --out if it exists (and is not empty)")
     try:
-        notes = export(args.ckpt, args.out, args.force)
-    except (CheckpointError, InteropError, ExportError) as e:
+        args = parser.parse_args(argv)
+        if args.dtype is not None and args.format != "gguf":
+            raise UsageError(f"--dtype={args.dtype} applies to --format gguf only; transformers' export is float32")
+        if args.format == "gguf":
+            notes = export_gguf(args.ckpt, args.out, args.dtype or "f32", args.force)
+            how = (f"run it with llama.cpp: llama-completion -m {args.out}, "
+                   f"or llama_cpp.Llama(model_path={str(args.out)!r})")
+        else:
+            notes = export_transformers(args.ckpt, args.out, args.force)
+            how = f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})"
+    except (UsageError, CheckpointError, InteropError, ExportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
-    print(f"wrote {args.out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})")
+    print(f"wrote {args.out}: {how}")
     return 0
 
 

@@ -66,12 +66,17 @@ def _weight_names(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
 
 # ---------------------------------------------------------------- export: this repo -> transformers
 
-def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """transformers' config.json for a LLaMA-configured model; refuses any other with every offending switch."""
+def check_llama(cfg: ModelConfig, target: str) -> None:
+    """Refuses a model that is not a LLaMA, naming every offending switch; target: whose LLaMA, for the message."""
     refused = non_llama_switches(cfg)
     if refused:
-        raise InteropError(f"no transformers LLaMA equivalent for {', '.join(refused)} "
+        raise InteropError(f"no {target} LLaMA equivalent for {', '.join(refused)} "
                            f"(LLaMA is {', '.join(f'model.{k}={v}' for k, v in LLAMA_SWITCHES.items())})")
+
+
+def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
+    """transformers' config.json for a LLaMA-configured model; refuses any other with every offending switch."""
+    check_llama(cfg, "transformers")
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -201,6 +206,28 @@ def check_vocab(cfg: ModelConfig, tokenizer_file: Path) -> SentencePieceProcesso
     return sp
 
 
+# The SentencePiece settings under which a LLaMA tokenizer (transformers' LlamaTokenizer, llama.cpp's "llama"
+# tokenizer: BPE merges by score, byte fallback, spaces as U+2581, nothing normalised) encodes as SentencePiece does.
+LLAMA_TOKENIZER = {"model_type": "BPE", "byte_fallback": True, "normalization_rule_name": "identity",
+                   "remove_extra_whitespaces": False}
+
+
+def read_tokenizer_proto(tokenizer_file: Path) -> sentencepiece_model_pb2.ModelProto:
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(tokenizer_file).read_bytes())
+    return proto
+
+
+def settings_unlike(proto: sentencepiece_model_pb2.ModelProto, wanted: dict) -> list[str]:
+    """The tokenizer's settings that differ from `wanted`, as 'name=value'."""
+    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
+    settings = {"model_type": sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type),
+                "byte_fallback": trainer.byte_fallback, "normalization_rule_name": normalizer.name,
+                "remove_extra_whitespaces": normalizer.remove_extra_whitespaces,
+                "add_dummy_prefix": normalizer.add_dummy_prefix}
+    return [f"{name}={settings[name]!r}" for name, value in wanted.items() if settings[name] != value]
+
+
 def hf_tokenizer_config(tokenizer_file: Path, context_length: int) -> tuple[dict | None, str]:
     """(tokenizer_config.json, '') when transformers' LlamaTokenizer reproduces this SentencePiece
     model's ids exactly, else (None, why not).
@@ -209,15 +236,9 @@ def hf_tokenizer_config(tokenizer_file: Path, context_length: int) -> tuple[dict
     normalisation and a fixed whitespace rule, so only a model trained that way, without a dummy
     prefix (add_prefix_space=False), encodes the same: leading spaces otherwise differ.
     """
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString(Path(tokenizer_file).read_bytes())
-    trainer, normalizer = proto.trainer_spec, proto.normalizer_spec
-    unfaithful = [f"{name}={value!r}" for name, value, llama in (
-        ("model_type", sentencepiece_model_pb2.TrainerSpec.ModelType.Name(trainer.model_type), "BPE"),
-        ("byte_fallback", trainer.byte_fallback, True),
-        ("normalization_rule_name", normalizer.name, "identity"),
-        ("remove_extra_whitespaces", normalizer.remove_extra_whitespaces, False),
-        ("add_dummy_prefix", normalizer.add_dummy_prefix, False)) if value != llama]
+    proto = read_tokenizer_proto(tokenizer_file)
+    trainer = proto.trainer_spec
+    unfaithful = settings_unlike(proto, LLAMA_TOKENIZER | {"add_dummy_prefix": False})
     if unfaithful:
         return None, (f"tokenizer.model has {', '.join(unfaithful)}, which transformers' LlamaTokenizer does not "
                       f"reproduce; load it with sentencepiece.SentencePieceProcessor(model_file=...)")

@@ -12,17 +12,24 @@ from typing import Iterator
 TMP_MARK = ".tmp-"  # atomic_write's temporary file: <name>.tmp-<pid of the writer>
 
 
-def atomic_write(path: Path, write) -> None:
-    """write(f) fills a temporary file beside `path` (opened "wb"), which then replaces `path` in one rename."""
+@contextmanager
+def atomic_file(path: Path) -> Iterator[Path]:
+    """Yields a temporary path beside `path` for a writer that opens files by name; when the block succeeds
+    the file there replaces `path` in one rename."""
     path = Path(path)
     tmp = path.with_name(f"{path.name}{TMP_MARK}{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            write(f)
+        yield tmp
         os.replace(tmp, path)
     except BaseException:  # a full disk, a kill signal's exception: no half-written temporary left behind
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write(path: Path, write) -> None:
+    """write(f) fills a temporary file beside `path` (opened "wb"), which then replaces `path` in one rename."""
+    with atomic_file(path) as tmp, open(tmp, "wb") as f:
+        write(f)
 
 
 def write_bytes(path: Path, data: bytes) -> None:

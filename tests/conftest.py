@@ -1,8 +1,13 @@
-"""Shared test settings, and the fixtures of the modules that run train.py on a tiny model."""
+"""Shared test settings, the fixtures of the modules that run train.py on a tiny model, and the interop tests'
+tokenizer."""
+from pathlib import Path
+
 import pytest
 import torch
 
+from data.tokenizer import Tokenizer, train_tokenizer
 from data_helpers import tiny_run
+from interop_helpers import VOCAB, corpus
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -27,3 +32,14 @@ def workdir(tmp_path_factory, request):
 def tiny(workdir) -> list[str]:
     """train.py overrides for a tiny run in this module's workdir (data_helpers.tiny_run)."""
     return tiny_run(workdir)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_file(tmp_path_factory) -> Path:
+    """The data pipeline's tokenizer, trained on interop_helpers' tiny corpus."""
+    return train_tokenizer(corpus(), VOCAB, tmp_path_factory.mktemp("tok") / "tokenizer.model").model_file
+
+
+@pytest.fixture(scope="module")
+def tok(tokenizer_file) -> Tokenizer:
+    return Tokenizer(tokenizer_file)

@@ -10,43 +10,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, LlamaForCausalLM
 
-from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
-import export
+from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
-from generation.engine import Engine
-from model.config import ModelConfig
+from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from weights import far_from_init
-
-VOCAB = 300
-PROMPT = "to be or not"
-# whitespace runs, tabs, newlines, accents and emoji: where tokenizer conversions usually differ
-TEXTS = ["the quick brown fox", " leading space", "double  space\tand tab\nnewline", "accents é ü, emoji 🙂",
-         "  ", "x\n\n  y  "]
-
-
-def corpus() -> list[str]:
-    words = "the quick brown fox jumps over a  lazy dog\tto be or not that is the question".split(" ")
-    gen = torch.Generator().manual_seed(0)
-    return [" ".join(words[i] for i in torch.randint(len(words), (12,), generator=gen)) for _ in range(500)]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_file(tmp_path_factory) -> Path:
-    """The data pipeline's tokenizer, trained on a tiny corpus."""
-    return train_tokenizer(corpus(), VOCAB, tmp_path_factory.mktemp("tok") / "tokenizer.model").model_file
-
-
-@pytest.fixture(scope="module")
-def tok(tokenizer_file) -> Tokenizer:
-    return Tokenizer(tokenizer_file)
-
-
-def llama_cfg(**overrides) -> ModelConfig:
-    # GQA, a non-default rope base and eps: a mapping that drops any of them fails
-    return ModelConfig(**dict(vocab_size=VOCAB, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              context_length=64, rope_base=500.0, norm_eps=1e-4) | overrides)
 
 
 def hf_llama(tie: bool) -> LlamaForCausalLM:
@@ -55,10 +24,6 @@ def hf_llama(tie: bool) -> LlamaForCausalLM:
         num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-4,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=tie,
         bos_token_id=1, eos_token_id=2)))
-
-
-def greedy_ids(model: Transformer, prompt: list[int], eos_id: int) -> list[int]:
-    return [int(step[0]) for step in Engine(model).generate([prompt], 40, temperature=0, eos_id=eos_id)]
 
 
 def transformers_greedy_ids(hf: LlamaForCausalLM, prompt: list[int]) -> list[int]:
@@ -85,16 +50,6 @@ def assert_same_model(ours: Transformer, ckpt: Path, theirs: LlamaForCausalLM, t
     assert generate.main(["--ckpt", str(ckpt), "--prompt", PROMPT, "--temperature", "0", "--max-new-tokens", "40",
                           "--device", "cpu"]) == 0
     assert capsys.readouterr().out == tok.decode(prompt + new) + "\n"
-
-
-def run_export(*args: str) -> int:
-    return export.main([str(a) for a in args])
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    return err
 
 
 # --- export: this repo -> transformers ---------------------------------------------------------

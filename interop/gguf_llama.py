@@ -1,0 +1,120 @@
+"""The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout, its SentencePiece tokenizer inside.
+
+    metadata  llama.*            context, embedding and feed-forward lengths, blocks, heads, K/V heads,
+                                 RoPE base and dimension count, RMSNorm eps, vocabulary size
+              tokenizer.ggml.*   model "llama", every piece with its score and type, bos/eos/unk/pad ids
+    tensors   our weights -> transformers' names (hf_llama.hf_state_dict: the one split of our stacked
+              matrices) -> llama.cpp's names (the gguf package's TensorNameMap for LLaMA):
+                  model.embed_tokens          token_embd    [V, d]
+                  layers.i.input_layernorm    blk.i.attn_norm
+                  self_attn.{q,k,v,o}_proj    blk.i.attn_q, attn_k, attn_v, attn_output
+                  post_attention_layernorm    blk.i.ffn_norm
+                  mlp.{gate,up,down}_proj     blk.i.ffn_gate, ffn_up, ffn_down
+                  model.norm, lm_head         output_norm, output (absent when tied: llama.cpp reuses token_embd)
+              each stored as torch's [out, in] (GGUF lists dims innermost first; the writer reverses them).
+
+RoPE: this repo and transformers rotate the pairs (i, i + D/2) of each head (half-split); llama.cpp's LLaMA
+graph rotates the adjacent pairs (2i, 2i + 1). Reordering the rows of attn_q and attn_k within each head,
+    new row 2i + j  <-  old row j * D/2 + i       (i = 0 .. D/2 - 1, j = 0, 1)
+gives llama.cpp the same rotated q and k up to one shared permutation of their dims, so the same q . k.
+
+--dtype: f32 writes every tensor as float32; f16 and q8_0 convert the matrices and keep the 1-D norm weights
+float32, as llama.cpp's own converter does. q8_0 stores blocks of 32 consecutive weights of a row as 32 int8
+and one f16 scale (max |w| / 127): 34 bytes per 32 weights. A matrix whose rows are not whole blocks stays f16.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+from sentencepiece import sentencepiece_model_pb2
+
+from interop.hf_llama import LLAMA_TOKENIZER, check_llama, hf_state_dict, read_tokenizer_proto, settings_unlike
+from model.transformer import Transformer
+from storage.files import atomic_file
+
+ARCH = gguf.MODEL_ARCH.LLAMA
+Q = gguf.GGMLQuantizationType
+# --dtype -> the matrices' type, and the file type recorded in general.file_type
+DTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
+          "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0)}
+
+
+def adjacent_rope_pairs(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """q or k rows [n_heads * D, d] in the half-split order -> llama.cpp's adjacent-pair order, head by head."""
+    return w.reshape(n_heads, 2, -1, w.shape[1]).transpose(1, 2).reshape(w.shape)
+
+
+def gguf_tensors(model: Transformer, dtype: str) -> tuple[list[tuple[str, np.ndarray, Q]], list[str]]:
+    """(llama.cpp name, the data as stored, its type) per tensor, and a note for each matrix kept wider than dtype."""
+    cfg = model.cfg
+    names = gguf.get_tensor_name_map(ARCH, cfg.n_layers)
+    rope_heads = {gguf.MODEL_TENSOR.ATTN_Q: cfg.n_heads, gguf.MODEL_TENSOR.ATTN_K: cfg.n_kv_heads}
+    tensors, notes = [], []
+    for hf_name, w in hf_state_dict(model).items():
+        kind, name = names.get_type_and_name(hf_name, try_suffixes=(".weight",))
+        if kind in rope_heads:
+            w = adjacent_rope_pairs(w, rope_heads[kind])
+        qtype = Q.F32 if w.dim() == 1 else DTYPES[dtype][0]
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
+        if w.shape[-1] % block:
+            notes.append(f"{name} stays f16: its rows of {w.shape[-1]} are not whole {qtype.name} blocks of {block}")
+            qtype = Q.F16
+        tensors.append((name, gguf.quantize(w.float().numpy(), qtype), qtype))
+    return tensors, notes
+
+
+def add_tokenizer(writer: gguf.GGUFWriter, proto: sentencepiece_model_pb2.ModelProto) -> None:
+    """The SentencePiece model as llama.cpp's "llama" tokenizer: pieces, scores and types as they are in it."""
+    piece_type = sentencepiece_model_pb2.ModelProto.SentencePiece.Type
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list([p.piece.encode() for p in proto.pieces])
+    writer.add_token_scores([p.score for p in proto.pieces])
+    writer.add_token_types([gguf.TokenType[piece_type.Name(p.type)] for p in proto.pieces])  # the same six names
+    trainer = proto.trainer_spec
+    for add_id, i in ((writer.add_bos_token_id, trainer.bos_id), (writer.add_eos_token_id, trainer.eos_id),
+                      (writer.add_unk_token_id, trainer.unk_id), (writer.add_pad_token_id, trainer.pad_id)):
+        if i >= 0:  # SentencePiece's -1: the tokenizer has no such piece
+            add_id(i)
+    # training joins documents as BOS text EOS, so a prompt starts with BOS (generate.py's too)
+    writer.add_add_bos_token(trainer.bos_id >= 0)
+    writer.add_add_eos_token(False)
+    writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
+
+
+def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str = "f32") -> list[str]:
+    """Writes the GGUF file atomically; refuses a non-LLaMA model. Returns notes for the user."""
+    cfg = model.cfg
+    check_llama(cfg, "llama.cpp")
+    tensors, notes = gguf_tensors(model, dtype)
+    proto = read_tokenizer_proto(tokenizer_file)
+    if unlike := settings_unlike(proto, LLAMA_TOKENIZER):
+        notes.append(f"tokenizer.model has {', '.join(unlike)}: llama.cpp's tokenizer may split text differently")
+    with atomic_file(path) as tmp:
+        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[ARCH])
+        try:
+            writer.add_name("nanollama")
+            writer.add_file_type(DTYPES[dtype][1])
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+            writer.add_vocab_size(cfg.vocab_size)
+            writer.add_context_length(cfg.context_length)
+            writer.add_embedding_length(cfg.d_model)
+            writer.add_block_count(cfg.n_layers)
+            writer.add_feed_forward_length(cfg.d_ff)
+            writer.add_head_count(cfg.n_heads)
+            writer.add_head_count_kv(cfg.n_kv_heads)
+            writer.add_rope_dimension_count(cfg.head_dim)
+            writer.add_rope_freq_base(cfg.rope_base)
+            writer.add_layer_norm_rms_eps(cfg.norm_eps)
+            add_tokenizer(writer, proto)
+            for name, data, qtype in tensors:
+                writer.add_tensor(name, data, raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
+    return notes

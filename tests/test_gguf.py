@@ -1,0 +1,249 @@
+"""GGUF export (export.py --format gguf), read back by independent readers: the gguf package's reader (metadata,
+tensors, tokenizer), transformers (logits) and llama.cpp itself through llama-cpp-python (logits, greedy text,
+tokenization) where that is installed; and the refusals, with nothing written."""
+import errno
+import itertools
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import sentencepiece as spm
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFReader
+from transformers import AutoModelForCausalLM
+
+from data.tokenizer import TRAINER_SETTINGS
+from data_helpers import write_corpus
+from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
+from model.transformer import Transformer
+from storage.checkpoint import save_checkpoint
+from weights import far_from_init
+
+try:
+    import llama_cpp
+except ImportError:
+    llama_cpp = None
+# llama-cpp-python compiles llama.cpp from source as it installs, longer than CI's test budget allows
+# (docs/interop.md), so CI runs without it and pytest -rs prints this reason in the summary.
+needs_llama_cpp = pytest.mark.skipif(
+    llama_cpp is None, reason="llama-cpp-python is not installed: `pip install llama-cpp-python` (it compiles "
+                              "llama.cpp, minutes) runs llama.cpp's greedy text and tokenization against ours")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tokenizer_file):
+    """export(tie, dtype) -> (our model, the GGUF file): one checkpoint per tie setting, one export per dtype."""
+    root, made = tmp_path_factory.mktemp("gguf"), {}
+
+    def export(tie: bool, dtype: str = "f32") -> tuple[Transformer, Path]:
+        d = root / f"tie_{tie}"
+        if tie not in made:
+            made[tie] = far_from_init(Transformer(llama_cfg(tie_embeddings=tie)))
+            save_checkpoint(d / "ckpt", made[tie], tokenizer_file)
+        out = d / f"model-{dtype}.gguf"
+        if not out.exists():
+            assert run_export("--ckpt", d / "ckpt", "--format", "gguf", "--dtype", dtype, "--out", out) == 0
+        return made[tie], out
+    return export
+
+
+def metadata(path: Path, prefix: str) -> dict:
+    return {key: field.contents() for key, field in GGUFReader(path).fields.items() if key.startswith(prefix)}
+
+
+def tensors(path: Path) -> dict:
+    return {t.name: t for t in GGUFReader(path).tensors}
+
+
+def test_metadata_and_tensor_names_round_trip_through_the_gguf_reader(exported):
+    _, path = exported(tie=False)
+    assert metadata(path, "general.") == {"general.architecture": "llama", "general.name": "nanollama",
+                                          "general.file_type": 0, "general.quantization_version": 2}
+    # float32 in the file: 500 is exact, 1e-4 is its nearest float32
+    assert metadata(path, "llama.") == {
+        "llama.vocab_size": VOCAB, "llama.context_length": 64, "llama.embedding_length": 32, "llama.block_count": 2,
+        "llama.feed_forward_length": 96, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
+        "llama.rope.dimension_count": 8, "llama.rope.freq_base": 500.0,
+        "llama.attention.layer_norm_rms_epsilon": float(np.float32(1e-4))}
+    layer = {"attn_norm": [32], "attn_q": [32, 32], "attn_k": [16, 32], "attn_v": [16, 32], "attn_output": [32, 32],
+             "ffn_norm": [32], "ffn_gate": [96, 32], "ffn_up": [96, 32], "ffn_down": [32, 96]}
+    expected = {"token_embd.weight": [VOCAB, 32], "output_norm.weight": [32], "output.weight": [VOCAB, 32]}
+    expected |= {f"blk.{i}.{name}.weight": shape for i in range(2) for name, shape in layer.items()}
+    found = tensors(path)
+    # GGUF lists a tensor's dims innermost first: torch's [out, in] is [in, out] in the file
+    assert {name: t.shape.tolist()[::-1] for name, t in found.items()} == expected
+    assert {t.tensor_type for t in found.values()} == {Q.F32}
+    _, tied = exported(tie=True)
+    assert set(tensors(tied)) == set(expected) - {"output.weight"}  # llama.cpp reuses token_embd
+
+
+@pytest.mark.parametrize("dtype, qtype, file_type, bytes_per_weight", [
+    ("f16", Q.F16, 1, 2), ("q8_0", Q.Q8_0, 7, 34 / 32)])
+def test_quantized_matrices_are_within_their_rounding_of_f32(exported, dtype, qtype, file_type, bytes_per_weight):
+    _, f32 = exported(tie=False)
+    _, small = exported(tie=False, dtype=dtype)
+    assert metadata(small, "general.file_type") == {"general.file_type": file_type}
+    exact, rounded = tensors(f32), tensors(small)
+    for name, t in rounded.items():
+        w = exact[name].data.astype(np.float64)
+        if w.ndim == 1:  # norm gains stay float32, as llama.cpp's converter keeps them
+            assert t.tensor_type == Q.F32 and np.array_equal(t.data, exact[name].data)
+            continue
+        assert t.tensor_type == qtype and t.n_bytes == t.n_elements * bytes_per_weight
+        error = np.abs(gguf.dequantize(t.data, qtype).reshape(w.shape) - w)
+        if qtype == Q.F16:
+            # round to nearest with 11 significant bits; below 2^-14 (subnormal) the spacing is a fixed 2^-24
+            bound = np.maximum(np.abs(w) * 2.0 ** -11, 2.0 ** -25)
+        else:
+            # d = max |block| / 127, each weight rounded to a multiple of d (at most d / 2 off), and d itself
+            # stored as f16 (at most 2^-11 d off, times |q| <= 127)
+            d = np.abs(w).reshape(-1, 32).max(axis=1, keepdims=True) / 127
+            bound = np.broadcast_to(d * (0.5 + 127 * 2.0 ** -11), (d.shape[0], 32)).reshape(w.shape)
+        assert (error <= bound * (1 + 1e-6)).all(), name
+        assert error.max() > 0  # really rounded
+    assert small.stat().st_size < f32.stat().st_size
+
+
+def test_q8_0_keeps_a_matrix_whose_rows_are_not_whole_blocks_f16_with_a_note(tmp_path, tokenizer_file, capsys):
+    # d 48: rows of 48 weights are one and a half q8_0 blocks; ffn_down's rows are d_ff = 128, four whole blocks
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(d_model=48, n_layers=1)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--dtype", "q8_0",
+                      "--out", tmp_path / "m.gguf") == 0
+    types = {name: t.tensor_type for name, t in tensors(tmp_path / "m.gguf").items() if len(t.shape) == 2}
+    assert types.pop("blk.0.ffn_down.weight") == Q.Q8_0
+    assert set(types.values()) == {Q.F16}
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert sorted(line.split()[1] for line in notes) == sorted(types)
+    assert "rows of 48 are not whole Q8_0 blocks of 32" in notes[0]
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_transformers_reads_the_file_with_equal_logits(exported, tie):
+    model, path = exported(tie=tie)
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    assert theirs.config.tie_word_embeddings == tie
+    tokens = torch.randint(VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, expected = model(tokens), theirs(tokens).logits
+    # float32 on both sides (transformers' RMSNorm computes in float32 whatever the model's dtype): sums taken in
+    # another order differ by ~100 roundings of 2^-24 relative to the largest value, while a wrong q/k order, head
+    # count or eps moves logits of std > 1 by O(1)
+    assert expected.std() > 1
+    assert (logits - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+
+
+@pytest.fixture(scope="module")
+def padded_prefixed_tokenizer(tmp_path_factory) -> Path:
+    """A SentencePiece model with a pad piece and a dummy prefix, the two settings data/tokenizer.py does not use."""
+    prefix = tmp_path_factory.mktemp("sp") / "sp"
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus()), model_prefix=str(prefix), vocab_size=VOCAB,
+                                   minloglevel=2, **TRAINER_SETTINGS | {"add_dummy_prefix": True, "pad_id": 3})
+    return prefix.with_suffix(".model")
+
+
+@pytest.mark.parametrize("kind", ["ours", "padded_prefixed"])
+def test_the_embedded_tokenizer_round_trips(tmp_path, tokenizer_file, padded_prefixed_tokenizer, kind):
+    model_file = tokenizer_file if kind == "ours" else padded_prefixed_tokenizer
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), model_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 0
+    found = metadata(tmp_path / "m.gguf", "tokenizer.ggml.")
+    ids = range(sp.get_piece_size())
+    kinds = [gguf.TokenType.CONTROL if sp.is_control(i) else gguf.TokenType.UNKNOWN if sp.is_unknown(i)
+             else gguf.TokenType.BYTE if sp.is_byte(i) else gguf.TokenType.NORMAL for i in ids]
+    assert {gguf.TokenType.CONTROL, gguf.TokenType.UNKNOWN, gguf.TokenType.BYTE, gguf.TokenType.NORMAL} <= set(kinds)
+    pad = {"tokenizer.ggml.padding_token_id": 3} if kind == "padded_prefixed" else {}
+    assert found == {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+                     "tokenizer.ggml.tokens": [sp.id_to_piece(i) for i in ids],
+                     "tokenizer.ggml.scores": [float(np.float32(sp.get_score(i))) for i in ids],
+                     "tokenizer.ggml.token_type": kinds,
+                     "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
+                     "tokenizer.ggml.unknown_token_id": 0, **pad, "tokenizer.ggml.add_bos_token": True,
+                     "tokenizer.ggml.add_eos_token": False, "tokenizer.ggml.add_space_prefix": kind != "ours"}
+
+
+@pytest.mark.parametrize("switches", [dict(norm_position="post"), dict(ffn="relu"),
+                                      dict(norm="layernorm", position="learned")])
+def test_non_llama_checkpoints_are_refused_naming_each_switch(tmp_path, tokenizer_file, capsys, switches):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 2
+    named = ", ".join(f"model.{key}={value}" for key, value in switches.items())
+    assert f"error: no llama.cpp LLaMA equivalent for {named} (LLaMA is model.norm=rmsnorm" in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written, no temporary left
+
+
+def test_an_existing_out_is_replaced_whole_or_not_at_all(tmp_path, tokenizer_file, capsys, monkeypatch):
+    save_checkpoint(tmp_path / "ckpt", far_from_init(Transformer(llama_cfg())), tokenizer_file)
+    out = tmp_path / "m.gguf"
+    export = ("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", out)
+    assert run_export(*export) == 0
+    before = out.read_bytes()
+    assert run_export(*export, "--dtype", "q8_0") == 2
+    assert f"--out {out} exists; pass --force to replace it" in one_error_line(capsys)
+
+    def disk_full_halfway(writer, **kwargs):
+        writer.fout[0].write(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf.GGUFWriter, "write_tensors_to_file", disk_full_halfway)
+        with pytest.raises(OSError, match="No space left"):
+            run_export(*export, "--dtype", "q8_0", "--force")
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "m.gguf"]  # no temporary left behind
+    assert run_export(*export, "--dtype", "q8_0", "--force") == 0
+    assert metadata(out, "general.file_type") == {"general.file_type": 7}
+
+
+@pytest.mark.parametrize("args, out_is_dir, message", [
+    (["--dtype", "q8_0"], False, "--dtype=q8_0 applies to --format gguf only"),
+    (["--format", "gguf", "--dtype", "q4_0"], False, "argument --dtype: invalid choice: 'q4_0'"),
+    (["--format", "gguf"], True, "is a directory; --format gguf writes one file")])
+def test_bad_flags_get_one_line_and_write_nothing(tmp_path, tokenizer_file, capsys, args, out_is_dir, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), tokenizer_file)
+    out = tmp_path / "out"
+    if out_is_dir:
+        out.mkdir()
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", out, *args) == 2
+    assert message in one_error_line(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"] + ["out"] * out_is_dir
+    assert not out_is_dir or not any(out.iterdir())
+
+
+@needs_llama_cpp
+@pytest.mark.parametrize("tie", [True, False])
+def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie):
+    model, path = exported(tie=tie)
+    # a float32 KV cache: llama.cpp's default f16 one rounds every cached k and v to 11 bits
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
+
+    tokens = torch.randint(VOCAB, (64,), generator=torch.Generator().manual_seed(1))
+    llm.reset()
+    llm.eval(tokens.tolist())
+    theirs = torch.from_numpy(np.array(llm.scores[:64], dtype=np.float64))
+    with torch.no_grad():
+        ours = model(tokens[None])[0].double()
+    # float32 on both sides, but llama.cpp's own kernels: RoPE angles from repeated products of theta, SIMD
+    # approximations of exp in softmax and SiLU, other orders of summation. Each is a few 2^-24 steps off, and a
+    # few hundred of them compound into a logit: 3e-5 of the largest one; a wrong layout moves logits by O(1)
+    tolerance = 3e-5 * ours.abs().max().item()
+    assert ours.std() > 1
+    assert (ours - theirs).abs().max().item() <= tolerance
+
+    prompt = [tok.bos_id] + tok.encode(PROMPT)
+    expected = greedy_ids(model, prompt, eos_id=None)
+    # each of our greedy picks beats the runner-up by more than the two implementations can differ,
+    # so llama.cpp must make the same pick: equality is forced, not luck
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + expected]))[0, len(prompt) - 1:-1]
+    top2 = logits.topk(2).values
+    assert (top2[:, 0] - top2[:, 1]).min().item() > 2 * tolerance
+    greedy = llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True)
+    assert list(itertools.islice(greedy, len(expected))) == expected
+
+    play = write_corpus(tmp_path / "play.txt").read_text()  # newlines and capitals: byte fallback at work
+    for text in TEXTS + corpus()[:50] + [play[:2000]]:
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == tok.encode(text), text
+    assert llm.tokenize(PROMPT.encode(), add_bos=True, special=False) == prompt
