@@ -17,6 +17,13 @@ the difference in bpb from the baseline variant (--baseline), which counts as be
 bpb alone is compared: every run reads the same tokenizer, so loss and bpb differ by a constant.
 Each row also shows the steps, tokens and seconds its runs trained (a range where they differ), and a note
 follows the table when runs trained unequal numbers of tokens, as budgeted runs on a busy machine do.
+Runs trained for one train.time_budget each (an equal-wall-clock comparison) are expected to differ in
+tokens: the table says so instead, and the plot's x axis is training seconds.
+
+A learning-rate sweep whose run dirs are gone can be shown beside new runs from the JSON that --json wrote
+(--recorded): each recorded line comes back as its final val bpb per learning rate (seed 0) and per seed at its
+best learning rate, in the LR tables and the LR plot; a line in DIR replaces a recorded line of the same name.
+
 A run whose metrics.jsonl is missing, has a line that is not JSON (killed mid-write), has no
 val_bpb, or stops before train.max_steps (or whose summary.json gives a stop_reason other than
 completed: a NaN loss, a signal) is reported as incomplete and left out of the means.
@@ -192,8 +199,8 @@ def span(values: list[float], fmt: str) -> str:
 
 def extent(run: Run) -> tuple[int, int, float] | None:
     """(steps, tokens, elapsed seconds) a complete run trained: the last metrics line, the summary's time."""
-    if run.problem is not None or not run.metrics:
-        return None
+    if run.problem is not None or not run.metrics or "step" not in run.metrics[-1]:
+        return None  # a recorded run (--recorded) keeps its final bpb only
     last = run.metrics[-1]
     return last["step"], last["tokens"], run.summary.get("elapsed_s", last.get("elapsed_s", math.nan))
 
@@ -204,11 +211,24 @@ def extent_cells(variant: Variant) -> str:
     return f"{span(steps, '{:,}')} | {span([t / 1e6 for t in tokens], '{:.2f}')} | {span(seconds, '{:.0f}')}"
 
 
+def equal_time_budget(runs: list[Run]) -> float | None:
+    """The one train.time_budget (s) that ended every complete run, or None: not an equal-wall-clock comparison."""
+    complete = [r for r in runs if r.problem is None]
+    budgets = {str(r.config.get("train", {}).get("time_budget")) for r in complete}
+    if not complete or len(budgets) != 1 or any(r.summary.get("ended_by") != "time_budget" for r in complete):
+        return None
+    return complete[0].summary.get("time_budget_s")
+
+
 def unequal_training_note(runs: list[Run]) -> str | None:
     """A line when the complete runs trained different numbers of tokens, e.g. budgeted runs on a busy machine."""
     tokens = {e[1] for e in map(extent, runs) if e}
     if len(tokens) < 2:
         return None
+    if (budget := equal_time_budget(runs)) is not None:
+        return (f"equal wall-clock: every run trained for train.time_budget={budget:g} s, so the tokens differ "
+                f"({min(tokens) / 1e6:.2f}-{max(tokens) / 1e6:.2f} M) by each variant's speed; the runs must have "
+                f"shared the machine alike (one at a time) for the comparison to hold")
     return (f"note: the runs trained unequal numbers of tokens ({min(tokens) / 1e6:.2f}-{max(tokens) / 1e6:.2f} M): "
             f"runs of other lengths, or budgeted runs on a slower or busier machine (a budget is wall-clock); "
             f"compare like with like")
@@ -363,46 +383,52 @@ def lr_plot(lines: list[LRLine], init: float, unigram: float | None, path: Path)
     plt.close(fig)
 
 
-def bpb_curve(variant: Variant) -> tuple[list[int], list[float], list[float], list[float]]:
-    """tokens, and the mean, min and max val bpb over the variant's runs that evaluated at those tokens."""
-    by_tokens: dict[int, list[float]] = {}
+def bpb_curve(variant: Variant, x: str) -> tuple[list[float], list[float], list[float], list[float]]:
+    """x (each eval's "tokens" or "elapsed_s", averaged), and the mean, min and max val bpb over the variant's
+    runs: evals at one step are one point, and so are the runs' last evals, which budgeted runs reach at
+    different steps."""
+    points: dict = {}
     for run in variant.runs:
-        for m in run.evals:
-            by_tokens.setdefault(m["tokens"], []).append(m["val_bpb"])
-    tokens = sorted(by_tokens)
-    return (tokens, [statistics.mean(by_tokens[t]) for t in tokens],
-            [min(by_tokens[t]) for t in tokens], [max(by_tokens[t]) for t in tokens])
+        evals = [m for m in run.evals if x in m]
+        for i, m in enumerate(evals):
+            points.setdefault("last" if i == len(evals) - 1 else m["step"], []).append(m)
+    ordered = sorted(points.values(), key=lambda ms: statistics.mean(m[x] for m in ms))
+    bpbs = [[m["val_bpb"] for m in ms] for ms in ordered]
+    return ([statistics.mean(m[x] for m in ms) for ms in ordered], [statistics.mean(b) for b in bpbs],
+            [min(b) for b in bpbs], [max(b) for b in bpbs])
 
 
-def plot(variants: list[Variant], path: Path) -> None:
+def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
+    """val bpb against training tokens, or against training seconds (x="elapsed_s") for an equal-time comparison."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
+    scale, label = (1e6, "training tokens (M)") if x == "tokens" else (1.0, "training seconds")
     # Left: whole runs. Right: the second half, where the variants separate; the first evals'
     # high bpb would otherwise flatten every difference that matters.
     fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
-    tail_lo, tail_hi, last_tokens = math.inf, -math.inf, 0
+    tail_lo, tail_hi, last_x = math.inf, -math.inf, 0
     for variant in variants:
-        tokens, mean, low, high = bpb_curve(variant)
-        if not tokens:
+        xs, mean, low, high = bpb_curve(variant, x)
+        if not xs:
             continue
-        millions = [t / 1e6 for t in tokens]
+        scaled = [v / scale for v in xs]
         for ax in (whole, tail):
-            (line,) = ax.plot(millions, mean, marker=".", label=f"{variant.name} (n={len(variant.runs)})")
-            ax.fill_between(millions, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        last_tokens = max(last_tokens, tokens[-1])
-        half = [i for i, t in enumerate(tokens) if t >= tokens[-1] / 2]
+            (line,) = ax.plot(scaled, mean, marker=".", label=f"{variant.name} (n={len(variant.runs)})")
+            ax.fill_between(scaled, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        last_x = max(last_x, xs[-1])
+        half = [i for i, v in enumerate(xs) if v >= xs[-1] / 2]
         tail_lo = min(tail_lo, *(low[i] for i in half))
         tail_hi = max(tail_hi, *(high[i] for i in half))
     for ax in (whole, tail):
-        ax.set_xlabel("training tokens (M)")
+        ax.set_xlabel(label)
         ax.set_ylabel("val bits per byte")
         ax.grid(alpha=0.3)
-    whole.set_title("val bpb vs tokens (line: mean over seeds, band: min-max)")
+    whole.set_title(f"val bpb vs {label.split(' (')[0]} (line: mean over seeds, band: min-max)")
     if tail_lo < tail_hi:
-        tail.set_xlim(last_tokens / 2 / 1e6, last_tokens * 1.02 / 1e6)
+        tail.set_xlim(last_x / 2 / scale, last_x * 1.02 / scale)
         margin = 0.05 * (tail_hi - tail_lo)
         tail.set_ylim(tail_lo - margin, tail_hi + margin)
     tail.set_title("second half, zoomed")
@@ -422,6 +448,22 @@ def lr_curve_table(lines: list[LRLine]) -> str:
                  for lr in lrs]
         rows.append(f"| {line.name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def recorded_variants(path: Path) -> list[Variant]:
+    """The lines of a sweep's JSON (--json) as variants of runs that keep only their final val bpb: seed 0 at every
+    learning rate, every seed at the best one (the JSON lists them in seed order)."""
+    record = json.loads(path.read_text())
+    variants = []
+    for name, line in record["variants"].items():
+        finals = {float(lr): [bpb] for lr, bpb in line["final_bpb_seed0"].items()}
+        if line["best_lr"] is not None:
+            finals[line["best_lr"]] = line["best_lr_val_bpb"]
+        runs = [Run(path / name / f"lr{lr:g}" / f"seed{seed}", {"variant": name, "train": {"lr": lr, "seed": seed}},
+                    [{"val_bpb": bpb}], {}, "stopped: diverged (recorded)" if lr in line["diverged"] else None)
+                for lr, values in finals.items() for seed, bpb in enumerate(values)]
+        variants.append(Variant(name, runs))
+    return variants
 
 
 def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, args) -> None:
@@ -465,8 +507,9 @@ def report_comparison(variants: list[Variant], baseline_name: str, args) -> None
         print(f"\nno variant named {baseline_name!r}, so no differences: pass --baseline with one of "
               f"{', '.join(repr(v.name) for v in variants)}")
     if args.plot:
-        plot(variants, args.plot)
-        print(f"\nplot: {args.plot}")
+        x = "elapsed_s" if equal_time_budget([r for v in variants for r in v.runs]) is not None else "tokens"
+        plot(variants, args.plot, x)
+        print(f"\nplot (val bpb vs {'training seconds' if x == 'elapsed_s' else 'tokens'}): {args.plot}")
 
 
 def main(argv=None) -> None:
@@ -478,6 +521,8 @@ def main(argv=None) -> None:
     parser.add_argument("--trains-margin", type=float, default=0.1,
                         help="a run trains when its final val bpb is this far below the unigram level")
     parser.add_argument("--baseline", default="baseline", help="the variant the others are compared with")
+    parser.add_argument("--recorded", type=Path,
+                        help="a learning-rate sweep's JSON (--json) whose lines are shown beside the dirs' lines")
     args = parser.parse_args(argv)
 
     run_dirs = []
@@ -488,7 +533,16 @@ def main(argv=None) -> None:
             sys.exit(2)
         run_dirs += found
     runs = [load_run(d) for d in dict.fromkeys(run_dirs)]
-    sweep = lr_sweep_lines(group_runs(runs, SEED + LEARNING_RATE))
+    lines = group_runs(runs, SEED + LEARNING_RATE)
+    if args.recorded:
+        try:
+            recorded = recorded_variants(args.recorded)
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"error: --recorded {args.recorded}: not a sweep's JSON from compare.py --json "
+                  f"({type(err).__name__}: {err})", file=sys.stderr)
+            sys.exit(2)
+        lines += [v for v in recorded if v.name not in {line.name for line in lines}]
+    sweep = lr_sweep_lines(lines)
     if sweep is None and (args.lr_plot or args.json):
         print(f"error: --lr-plot/--json need a learning-rate sweep, but no variant in {' '.join(map(str, args.dirs))} "
               f"has runs at more than one train.lr", file=sys.stderr)

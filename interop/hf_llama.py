@@ -32,7 +32,8 @@ from model.config import ModelConfig
 from model.transformer import Transformer
 
 # The value each switch must have for the model to be a LLaMA.
-LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False}
+LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False,
+                  "embedding_scale": "gpt2"}
 
 
 class InteropError(ValueError):

@@ -15,6 +15,7 @@ NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
 ATTENTIONS = ("gqa", "mha", "mqa")  # the K/V heads: n_kv_heads of them; mha: n_heads; mqa: 1
 FFNS = ("swiglu", "relu", "gelu")
+EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
 
 
 def is_number(value) -> bool:
@@ -44,6 +45,7 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in the linear layers (LayerNorm always has its beta)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
+    embedding_scale: str = "gpt2"
 
     def __post_init__(self):
         self.validate()
@@ -64,7 +66,7 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
         for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
-                             ("attention", ATTENTIONS), ("ffn", FFNS)):
+                             ("attention", ATTENTIONS), ("ffn", FFNS), ("embedding_scale", EMBEDDING_SCALES)):
             if getattr(self, key) not in options:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be one of {', '.join(options)}")
         if self.d_model % self.n_heads:

@@ -6,11 +6,13 @@ RoPE (LLaMA), applied to q and k of every layer, per head, head_dim = D, half-sp
     rope(x)[m] = x * cos(angle[m]) + rotate_half(x) * sin(angle[m]),  rotate_half([a, b]) = [-b, a]
   so <rope(q)[m], rope(k)[n]> depends only on m - n.  q, k: [batch, heads, seq, D].
 
-Sinusoidal (2017), added to token embeddings [batch, seq, d_model] scaled by sqrt(d) as in the paper:
+Sinusoidal (2017), added to the token embeddings [batch, seq, d_model], scaled by sqrt(d) as in the paper:
     x[m] = sqrt(d) * E[token_m] + PE[m],  PE[m, 2i] = sin(m / 10000^(2i/d)),  PE[m, 2i+1] = cos(m / 10000^(2i/d))
-  (PE entries have rms 0.71; unscaled embeddings at init std 0.02 would be drowned 35 to 1.)
-Learned (GPT-2): a trained table PE: [context_length, d_model].  None: no position signal at all
-(the causal mask alone still leaks some order).
+  PE entries have rms 0.71; the token part's rms depends on E's init (model.embedding_scale,
+  model/transformer.py): 0.23 with GPT-2's, 1 with the 2017 Transformer's.
+Learned (GPT-2): a trained table PE: [context_length, d_model], initialised at the token signal's rms and
+not weight-decayed (training/optim.py).  None: no position signal at all (the causal mask alone still
+leaks some order).
 
 Absolute tables are indexed by absolute position, so a KV-cached step at position m adds PE[m].
 """
@@ -56,25 +58,23 @@ def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
 class AbsolutePositions(nn.Module):
     """Adds PE[start : start + seq] to token embeddings; the table is fixed (sinusoidal) or trained."""
 
-    def __init__(self, kind: str, max_len: int, dim: int):
+    def __init__(self, kind: str, max_len: int, dim: int, token_rms: float):
         super().__init__()
-        if kind == "learned":  # trained at the embeddings' own scale, so no rescaling
+        if kind == "learned":  # starts at the token signal's scale, neither drowning it nor drowned
             self.table = nn.Parameter(torch.zeros(max_len, dim))
-            nn.init.normal_(self.table, std=0.02)
-            self.embed_scale = 1.0
+            nn.init.normal_(self.table, std=token_rms)
         else:
             self.register_buffer("table", sinusoidal_table(max_len, dim), persistent=False)
-            self.embed_scale = math.sqrt(dim)
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        return x * self.embed_scale + self.table[start:start + x.shape[1]].to(x.dtype)
+        return x + self.table[start:start + x.shape[1]].to(x.dtype)
 
 
-def make_positions(cfg: ModelConfig) -> tuple[Rotary | None, AbsolutePositions | None]:
+def make_positions(cfg: ModelConfig, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
-    added to the embeddings); at most one of them, none for position=none."""
+    added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""
     if cfg.position == "rope":
         return Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base), None
     if cfg.position in ("sinusoidal", "learned"):
-        return None, AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model)
+        return None, AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model, token_rms)
     return None, None

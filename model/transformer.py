@@ -5,6 +5,13 @@
 
 The LM head shares the embedding matrix by default (tie_embeddings), as in the 2017
 Transformer and GPT-2: at this size the vocab x d matrix is a fifth of the parameters.
+
+The token signal entering block 0 is m * E[token], model.embedding_scale choosing E's init and m:
+    gpt2              E ~ N(0, 0.02^2), m = 1: rms 0.02; beside the sinusoidal table m = sqrt(d), the
+                      paper's multiplier, which leaves rms 0.02 sqrt(d) (0.23 at d = 128) against PE's 0.71
+    transformer2017   E ~ N(0, 1/d), m = sqrt(d): rms 1, whatever the position kind. The paper gives the
+                      multiplier; the init is its code's (tensor2tensor), so the tokens outweigh PE 1.4 to 1
+                      and the tied LM head starts with logits of rms ~1.
 forward(tokens, start, cache): `start` is the absolute position of tokens[:, 0]; with a
 KVCache the model reads and extends it in place, so generation reuses the same math.
 """
@@ -18,13 +25,18 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.positions import make_positions
 
+INIT_STD = 0.02  # GPT-2's, for every weight matrix and (with embedding_scale=gpt2) the embeddings
+
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        rotary, self.abs_pos = make_positions(cfg)
+        embed_std = cfg.d_model ** -0.5 if cfg.embedding_scale == "transformer2017" else INIT_STD
+        sqrt_d = cfg.embedding_scale == "transformer2017" or cfg.position == "sinusoidal"
+        self.embed_multiplier = math.sqrt(cfg.d_model) if sqrt_d else 1.0
+        rotary, self.abs_pos = make_positions(cfg, token_rms=embed_std * self.embed_multiplier)
         self.rotary = rotary  # one table, shared by every layer's attention
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))
@@ -33,16 +45,18 @@ class Transformer(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
+        if cfg.embedding_scale == "transformer2017":
+            nn.init.normal_(self.tok_emb.weight, std=embed_std)
         # GPT-2's scaled init: each residual branch's output projection by 1/sqrt(2 * n_layers),
         # so the residual stream's variance does not grow with depth.
         for name, p in self.named_parameters():
             if name.endswith(("attn.out.weight", "ffn.w_out.weight")):
-                nn.init.normal_(p, std=0.02 / math.sqrt(2 * cfg.n_layers))
+                nn.init.normal_(p, std=INIT_STD / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module):
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, std=0.02)
+            nn.init.normal_(module.weight, std=INIT_STD)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -66,6 +80,8 @@ class Transformer(nn.Module):
             raise ValueError(f"positions up to {start + tokens.shape[1]} exceed "
                              f"model.context_length={self.cfg.context_length}")
         x = self.tok_emb(tokens)
+        if self.embed_multiplier != 1.0:
+            x = x * self.embed_multiplier
         if self.abs_pos is not None:
             x = self.abs_pos(x, start)
         x = self.dropout(x)

@@ -27,7 +27,7 @@ SWITCHES = {
     "mha": {"attention": "mha", "n_kv_heads": 8},
     "relu": {"ffn": "relu"},
     "transformer2017": {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal",
-                        "attention": "mha", "n_kv_heads": 8, "ffn": "relu"},
+                        "attention": "mha", "n_kv_heads": 8, "ffn": "relu", "embedding_scale": "transformer2017"},
 }
 
 

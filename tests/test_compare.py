@@ -3,6 +3,7 @@ means and stds computed independently, seeds grouped into variants, incomplete r
 without a crash, and the plot written."""
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -225,3 +226,68 @@ def test_runs_that_trained_unequal_tokens_show_it(tmp_path, capsys):
     (row,) = table_rows(out).values()
     assert (row["runs (n)"], row["steps"], row["tokens (M)"], row["elapsed s"]) == ("2", "93-340", "0.09-0.34", "19-68")
     assert "note: the runs trained unequal numbers of tokens (0.09-0.34 M)" in out
+
+
+def write_budgeted_run(run_dir, variant, seed, final_bpb, steps, seconds=60):
+    """A run that train.time_budget ended after `steps` steps, with its last eval at that step."""
+    write_run(run_dir, variant, seed, final_bpb, steps=steps)
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["train"] |= {"max_steps": None, "time_budget": seconds}
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary |= {"ended_by": "time_budget", "time_budget_s": float(seconds), "elapsed_s": seconds - 0.5}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    metrics[-1] |= {"val_loss": 2 * final_bpb, "val_bpb": final_bpb}  # train.py evaluates the last step
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+
+def test_an_equal_time_comparison_against_a_hand_computation(tmp_path, capsys):
+    """Three seeds a side trained for one 60 s budget; relu is faster, so it reaches more steps (8, 8, 7)."""
+    for seed, bpb in enumerate([2.40, 2.42, 2.44]):
+        write_budgeted_run(tmp_path / "baseline" / f"seed{seed}", "baseline", seed, bpb, steps=6)
+    for seed, (bpb, steps) in enumerate([(2.30, 8), (2.33, 8), (2.36, 7)]):
+        write_budgeted_run(tmp_path / "relu" / f"seed{seed}", "relu", seed, bpb, steps=steps)
+    compare.main([str(tmp_path), "--plot", str(tmp_path / "time.png")])
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert (rows["baseline"]["steps"], rows["relu"]["steps"], rows["relu"]["elapsed s"]) == ("6", "7-8", "60")
+    assert mean_pm_std(rows["relu"]["val bpb"]) == pytest.approx((2.33, 0.03), abs=1e-4)
+    # Δ = 2.33 - 2.42 = -0.09; two standard errors: 2 sqrt(0.02^2 / 3 + 0.03^2 / 3) = 0.0416
+    assert rows["relu"]["Δ bpb vs baseline"] == "-0.0900" and rows["relu"]["beyond seed noise?"] == "yes (2σ 0.0416)"
+    assert "equal wall-clock: every run trained for train.time_budget=60 s" in out and "note:" not in out
+    # the plot's x is seconds: relu's evals at steps 2, 4, 6 and the three last evals (steps 8, 8, 7) are 4 points
+    relu = next(v for v in compare.group_runs([compare.load_run(d) for d in compare.find_run_dirs(tmp_path)])
+                if v.name == "relu")
+    xs, mean, low, high = compare.bpb_curve(relu, "elapsed_s")
+    assert xs == pytest.approx([0.4, 0.8, 1.2, (1.6 + 1.6 + 1.4) / 3])
+    assert (mean[-1], low[-1], high[-1]) == pytest.approx((2.33, 2.30, 2.36))
+    assert imread(tmp_path / "time.png").shape[1] > 600
+
+
+def test_a_recorded_sweep_comes_back_beside_new_lines(tmp_path, capsys):
+    """compare.py --json, the run dirs deleted, then a new line in a new dir with --recorded: the recorded
+    lines keep their best lr, seeds and LR sensitivity; a new line of a recorded name replaces it."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    for variant, curve in {"baseline": {1e-3: 2.00, 2e-3: 1.80}, "postnorm": {1e-3: 2.50, 2e-3: 2.60}}.items():
+        for lr, bpb in curve.items():
+            write_lr_run(old / variant / f"lr{lr}", variant, lr, bpb)
+    for seed, bpb in ((1, 1.84), (2, 1.82)):
+        write_lr_run(old / "baseline" / "lr0.002" / f"seed{seed}", "baseline", 2e-3, bpb)
+        config = yaml.safe_load((old / "baseline" / "lr0.002" / f"seed{seed}" / "config.yaml").read_text())
+        config["train"]["seed"] = seed
+        (old / "baseline" / "lr0.002" / f"seed{seed}" / "config.yaml").write_text(yaml.safe_dump(config))
+    compare.main([str(old), "--json", str(tmp_path / "record.json")])
+    before = table_rows(capsys.readouterr().out)
+    shutil.rmtree(old)
+    for lr, bpb in {1e-3: 2.10, 2e-3: 1.70}.items():  # the new line, and postnorm measured again
+        write_lr_run(new / "learned" / f"lr{lr}", "learned", lr, bpb)
+        write_lr_run(new / "postnorm" / f"lr{lr}", "postnorm", lr, bpb + 0.5)
+    compare.main([str(new), "--recorded", str(tmp_path / "record.json"), "--lr-plot", str(tmp_path / "lr.png")])
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["baseline", "learned", "postnorm"]
+    for column in ("best lr", "LR sensitivity", "runs at best lr (n)", "val bpb at best lr"):
+        assert rows["baseline"][column] == before["baseline"][column]
+    assert rows["baseline"]["runs at best lr (n)"] == "3" and rows["baseline"]["steps"] == "?"  # bpb only
+    assert rows["postnorm"]["val bpb at best lr"] == "2.2000" and rows["learned"]["best lr"] == "0.002"
+    assert float(rows["learned"]["Δ bpb vs baseline"]) == pytest.approx(1.70 - 1.82, abs=1e-4)

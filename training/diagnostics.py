@@ -10,6 +10,11 @@ For block l (0-based), with h_l the residual stream leaving it, x_l the stream e
     attn_entropy    mean over heads and query positions t >= 1 of H(softmax row) / ln(t + 1): 1 for
                     uniform attention over the t + 1 visible keys, 0 for attention on one key
     grad_norm       ||dL/dtheta_l|| over block l's weights, for the same batch's next-token loss
+and for the embedding stream entering block 0, x = m E[token] + PE[position] (model/transformer.py), its
+two parts apart, keys `diag/<stat>`:
+    token_rms       rms(m E[token]) over the batch's tokens
+    position_rms    rms(PE[0 : T]), with sinusoidal or learned positions only: next to token_rms, which of
+                    the two signals the first block hears louder
 Measured on a copy of the model in eval mode (no dropout): no random numbers are drawn, and the
 training model's gradients, optimizer and DDP hooks are untouched, so a run trains the same with or
 without it.
@@ -72,7 +77,10 @@ def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
         hooks += [block.register_forward_hook(on_block), block.attn.register_forward_hook(on_attn),
                   block.ffn.register_forward_hook(on_ffn)]
     next_token_loss(model, x, y).backward()
-    stats = {}
+    with torch.no_grad():
+        stats = {"diag/token_rms": rms(model.tok_emb(x) * model.embed_multiplier)}
+        if model.abs_pos is not None:
+            stats["diag/position_rms"] = rms(model.abs_pos.table[:x.shape[1]])
     for i, block in enumerate(model.blocks):
         r = records[i]
         grads = [p.grad.flatten() for p in block.parameters()]

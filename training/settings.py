@@ -71,6 +71,7 @@ class ModelSettings:  # the groups (norm, position, ...) fill the switches, a pr
     dropout: float = MISSING
     bias: bool = MISSING
     tie_embeddings: bool = MISSING
+    embedding_scale: str = MISSING
 
 
 @dataclass
