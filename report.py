@@ -216,7 +216,7 @@ def report(argv: list[str] | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     # One thread: these models' ops are too small to share, and on a busy machine a second thread makes each
-    # step wait for both (batch-1 decode steps 10x slower, and the timings all spikes, on 2 shared cores).
+    # step wait for both, so the decode timings would show the machine's load rather than the cache.
     torch.set_num_threads(1)
     try:
         folder = report(argv)

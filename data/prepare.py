@@ -33,8 +33,8 @@ from storage.files import atomic_write, remove_dead_temporaries, sha256
 CACHE_FORMAT = 3
 REQUIRED_SETTINGS = ("name", "source", "val_fraction", "cache_dir", "num_proc")
 # data.vocab_size=null: the tokenizer's size by the train split's size in UTF-8 bytes, (bound, pieces) pairs, the
-# first bound at or above it. Measured from 0.21 to 4.68 MB (docs/data.md, "The vocabulary rule"): 2048 pieces
-# were best or within seed noise of the best at every size, so one bound holds them all.
+# first bound at or above it. In the study of docs/data.md ("The vocabulary rule") 2048 pieces were best or within
+# seed noise of the best at every size tried, so one bound holds them all.
 VOCAB_RULE = ((math.inf, 2048),)
 SPLITS = ("train", "val")
 

@@ -11,8 +11,9 @@ RMSNorm's backward, written out (x_hat = x * r, r = 1 / sqrt(mean(x^2) + eps), g
     dL/dgamma = sum over tokens of g * x_hat
     dL/dx     = r * (g * gamma - x_hat * mean(g * gamma * x_hat))
 On CPU F.layer_norm is one fused kernel each way and F.rms_norm is not: autograd differentiates
-its ops one by one, 14 of them in the backward: at d_model = 128 RMSNorm's forward alone took twice
-LayerNorm's (5.9 against 3.0 ms a training step in scripts/profile_training.py, before this backward).
+its ops one by one, 14 of them in the backward, against the seven above. At d_model = 128 such
+element-wise ops weigh as much as the matmuls, so CPU training runs the backward above (its A/B:
+docs/performance.md).
 """
 import torch
 import torch.nn.functional as F
@@ -54,8 +55,9 @@ class RMSNorm(nn.Module):
             return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).type_as(x)
         if x.is_cpu and torch.is_grad_enabled():  # CPU training: the backward above
             return RMSNormFunction.apply(x, self.weight, self.eps)
-        # Inference, and CUDA (where F.rms_norm dispatches to fused kernels; unmeasured here): the same arithmetic
-        # in one call. (On CPU the Function's autograd context made batch-1 decode 11% slower.)
+        # Inference, and CUDA (where F.rms_norm dispatches to fused kernels): the same arithmetic in one call,
+        # without the Function's autograd context, which slows a batch-1 decode step and buys nothing where no
+        # backward runs (docs/performance.md).
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 

@@ -18,7 +18,7 @@ from model import ModelConfig, Transformer
 from training.settings import CONFIG_DIR, compose_config
 
 COMPONENTS = ("norm", "norm_position", "position", "attention", "ffn")
-# The issue's definition of each variant: the model.* settings it changes from the baseline.
+# Each variant's definition: the model.* settings it changes from the baseline.
 SWITCHES = {
     "baseline": {},
     "layernorm": {"norm": "layernorm"},
@@ -114,8 +114,8 @@ def test_each_variant_trains_at_the_learning_rate_the_study_chose_for_it(variant
 
 
 def test_post_norm_trains_at_its_own_learning_rate_not_the_baselines():
-    """The fix for Post-Norm's unigram plateau: its own learning rate. At the baseline's (the old shared one,
-    4e-3 here and 5e-3 before) the study's Post-Norm run ends on the unigram level; at its own it leaves it."""
+    """Post-Norm's unigram plateau is a learning-rate effect: at the baseline's (4e-3) the study's Post-Norm
+    run ends on the unigram level; at its own it leaves it."""
     config, _ = compose_run("+experiment=ablation", "ablation=postnorm")
     finals, level = STUDY["postnorm"]["final_bpb_seed0"], json.loads(
         (CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["unigram_val_bpb"]

@@ -88,8 +88,9 @@ def test_a_budget_that_ends_before_max_steps_takes_the_schedule_to_min_lr():
 
 
 def test_the_first_step_of_a_session_is_not_a_step_time():
-    """With train.compile=true the first step is the compilation (11 s measured in a 60 s budget): taken as the
-    step time, it reserved 10 x 11 s for the eval and ended the run after 2 steps. Left out, the run goes on."""
+    """With train.compile=true the first step is the compilation, seconds where a later step takes milliseconds:
+    taken as the step time, an 11 s first step would reserve 10 x 11 s for the eval and end a 60 s run after 2
+    steps. Left out, the run goes on."""
     budget = TimeBudget(60.0, sample_tokens=8, eval_per_step=10.0, num_params=10**6)
     budget.record("step", 11.0)
     assert budget.step_s == 0.0 and not budget.spent(11.0) and not budget.is_last_step(11.0)
@@ -181,13 +182,13 @@ def test_max_steps_under_the_default_budget_logs_the_step_schedule(workdir, tiny
 
 def test_a_compiled_run_trains_for_most_of_its_budget(workdir, tiny):
     """train.compile=true: the first step is the compilation (seconds, where a step takes milliseconds). Left out
-    of the step time, it no longer reserves ten times itself for the eval: the run trains to its budget."""
+    of the step time, it does not reserve ten times itself for the eval: the run trains to its budget."""
     run_dir = workdir / "compiled"
     done = train(run_dir, *tiny, *FEW_LINES, "train.compile=true", "train.time_budget=60", "train.max_steps=null",
                  "latest_link=null")
     assert done.returncode == 0, done.stderr[-3000:]
     result = summary(run_dir)
-    # the compile's first step is many times a later one (~5 ms eager here): the case that ended runs at step 2
+    # the compile's first step is many times a later one: the case that, taken as the step time, would end the run
     assert result["first_step_s"] > 50 * result["elapsed_s"] / result["steps"] and result["ended_by"] == "time_budget"
     assert result["elapsed_s"] > 0.8 * 60 and result["steps"] > 1000
 

@@ -157,9 +157,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def test_the_val_set_is_the_same_whatever_the_batch_size(workdir, tiny):
-    """Batches of 8 and 16 sequences with the micro-batch left to choose (8 and 16: the old val set was 2 of
-    them, 512 or 1,024 tokens) and an lr of 1e-12, so that one step leaves the initial weights as they were:
-    the same val tokens give the same val loss."""
+    """Batches of 8 and 16 sequences with the micro-batch left to choose (8 and 16: a val set counted in
+    batches would hold 512 or 1,024 tokens) and an lr of 1e-12, so that one step leaves the initial weights as
+    they were: the same val tokens give the same val loss."""
     losses = {}
     for batch in (8, 16):
         run_dir = workdir / f"batch{batch}"

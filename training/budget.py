@@ -22,8 +22,8 @@ import re
 
 from model.config import ConfigError
 
-SAMPLE_S_PER_TOKEN = 0.02  # a conservative decode step until a sample has been timed (~3 ms for llama_tiny)
-CKPT_BYTES_PER_S = 100e6  # written and hashed, until a checkpoint has been timed (llama_tiny's 63 MB: ~0.3 s)
+SAMPLE_S_PER_TOKEN = 0.02  # a decode step, on the slow side, until a sample has been timed
+CKPT_BYTES_PER_S = 100e6  # written and hashed, on the slow side, until a checkpoint has been timed
 DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 
 
