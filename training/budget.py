@@ -20,7 +20,7 @@ even across runs; a run counted in steps (train.time_budget=null) stays bit-exac
 """
 import re
 
-from model.config import ConfigError
+from errors import ConfigError
 
 SAMPLE_S_PER_TOKEN = 0.02  # a conservative decode step until a sample has been timed (~3 ms for llama_tiny)
 CKPT_BYTES_PER_S = 100e6  # written and hashed, until a checkpoint has been timed (llama_tiny's 63 MB: ~0.3 s)
