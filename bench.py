@@ -57,15 +57,16 @@ from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.streamers import BaseStreamer
 
-from cli import Parser, UsageError
+from cli import Parser
+from errors import UsageError
 from generation.engine import Engine, compiled_decoder
 from interop.hf_llama import hf_config, hf_state_dict
 from model import ModelConfig, Transformer
+from settings import compose_config
 from storage.files import atomic_write, write_json
 from training.config import autocast_for, model_config
 from training.evaluate import next_token_loss
 from training.optim import make_optimizer
-from training.settings import COMPOSITION_ERRORS, compose_config, composition_error
 
 TRAIN = compose_config([]).train  # train.py's settings: the batch size and the optimizer every peer gets
 # CPU fp32: llama_tiny's training tokens/s against this repo's GPT-2 configuration (eager, and train.compile=true)
@@ -511,13 +512,9 @@ def plot(curves: dict, path: Path, window: int = 32):
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
+        sizes = QUICK if args.quick else full_sizes(args.overrides)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        sizes = QUICK if args.quick else full_sizes(args.overrides)
-    except COMPOSITION_ERRORS as e:
-        print(f"error: {composition_error(e)}", file=sys.stderr)
         return 2
     repeats = args.repeats or sizes.repeats
     device = Device(args.device)

@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from errors import UsageError
 from storage.files import atomic_write, write_json
 
 NOT_COMPARED = ("wandb",)  # config nodes that change how a run is logged, not what it trains
@@ -513,6 +514,14 @@ def report_comparison(variants: list[Variant], baseline_name: str, args) -> None
 
 
 def main(argv=None) -> None:
+    try:
+        compare(argv)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def compare(argv) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs or folders above them (a multirun dir)")
     parser.add_argument("--plot", type=Path, help="write val bpb vs tokens to this PNG")
@@ -529,8 +538,7 @@ def main(argv=None) -> None:
     for root in args.dirs:
         found = find_run_dirs(root) if root.is_dir() else []
         if not found:
-            print(f"error: DIR {root}: no run there (a run dir holds metrics.jsonl or config.yaml)", file=sys.stderr)
-            sys.exit(2)
+            raise UsageError(f"DIR {root}: no run there (a run dir holds metrics.jsonl or config.yaml)")
         run_dirs += found
     runs = [load_run(d) for d in dict.fromkeys(run_dirs)]
     lines = group_runs(runs, SEED + LEARNING_RATE)
@@ -538,15 +546,13 @@ def main(argv=None) -> None:
         try:
             recorded = recorded_variants(args.recorded)
         except (OSError, ValueError, KeyError, TypeError) as err:
-            print(f"error: --recorded {args.recorded}: not a sweep's JSON from compare.py --json "
-                  f"({type(err).__name__}: {err})", file=sys.stderr)
-            sys.exit(2)
+            raise UsageError(f"--recorded {args.recorded}: not a sweep's JSON from compare.py --json "
+                             f"({type(err).__name__}: {err})") from None
         lines += [v for v in recorded if v.name not in {line.name for line in lines}]
     sweep = lr_sweep_lines(lines)
     if sweep is None and (args.lr_plot or args.json):
-        print(f"error: --lr-plot/--json need a learning-rate sweep, but no variant in {' '.join(map(str, args.dirs))} "
-              f"has runs at more than one train.lr", file=sys.stderr)
-        sys.exit(2)
+        raise UsageError(f"--lr-plot/--json need a learning-rate sweep, but no variant in "
+                         f"{' '.join(map(str, args.dirs))} has runs at more than one train.lr")
     if sweep is None:
         report_comparison(group_runs(runs), args.baseline, args)
     else:

@@ -19,28 +19,26 @@ from pathlib import Path
 
 from safetensors.torch import save_file
 
-from cli import Parser, UsageError
+from cli import Parser
+from errors import UsageError
 from interop.gguf_llama import DTYPES, write_gguf
-from interop.hf_llama import InteropError, check_vocab, hf_config, hf_state_dict, hf_tokenizer_config
-from storage.checkpoint import CheckpointError, load_checkpoint
+from interop.hf_llama import hf_config, hf_state_dict, hf_tokenizer_config
+from interop.load import load_model
+from storage.checkpoint import check_vocab
 from storage.files import atomic_dir
-
-
-class ExportError(ValueError):
-    """A bad --out; the message names it."""
 
 
 def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
     """Writes the transformers directory; returns notes for the user (what could not be made faithful)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
-        raise ExportError(f"--out {out} exists and is not a directory")
+        raise UsageError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"--out {out} exists and is not empty; pass --force to replace it")
-    model, ckpt_dir = load_checkpoint(ckpt)
+        raise UsageError(f"--out {out} exists and is not empty; pass --force to replace it")
+    model, ckpt_dir = load_model(ckpt)
     tokenizer_file = ckpt_dir / "tokenizer.model"
-    sp = check_vocab(model.cfg, tokenizer_file)
-    bos, eos = (i if i >= 0 else None for i in (sp.bos_id(), sp.eos_id()))  # SentencePiece says -1 for none
+    tokenizer = check_vocab(model.cfg, tokenizer_file)
+    bos, eos = (i if i >= 0 else None for i in (tokenizer.bos_id, tokenizer.eos_id))  # SentencePiece says -1 for none
     config = hf_config(model.cfg, bos_id=bos, eos_id=eos)  # refuses non-LLaMA switches, naming them all
     tokenizer_config, why_not = hf_tokenizer_config(tokenizer_file, model.cfg.context_length)
     with atomic_dir(out) as tmp:
@@ -57,10 +55,10 @@ def export_gguf(ckpt: str | Path, out: str | Path, dtype: str = "f32", force: bo
     """Writes the GGUF file; returns notes for the user (tensors kept wider than dtype, tokenizer caveats)."""
     out = Path(out)
     if out.is_dir():
-        raise ExportError(f"--out {out} is a directory; --format gguf writes one file")
+        raise UsageError(f"--out {out} is a directory; --format gguf writes one file")
     if out.exists() and not force:
-        raise ExportError(f"--out {out} exists; pass --force to replace it")
-    model, ckpt_dir = load_checkpoint(ckpt)  # checks the tokenizer against the vocab size too
+        raise UsageError(f"--out {out} exists; pass --force to replace it")
+    model, ckpt_dir = load_model(ckpt)  # checks the tokenizer against the vocab size too
     return write_gguf(model, ckpt_dir / "tokenizer.model", out, dtype)  # refuses non-LLaMA switches, naming them all
 
 
@@ -82,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             notes = export_transformers(args.ckpt, args.out, args.force)
             how = f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})"
-    except (UsageError, CheckpointError, InteropError, ExportError) as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for note in notes:

@@ -12,10 +12,12 @@ import sys
 
 import torch
 
-from cli import Parser, UsageError
+from cli import Parser
 from data.tokenizer import Tokenizer
+from errors import UsageError
 from generation.engine import Engine, SamplingError, check_sampling, compiled_decoder
-from storage.checkpoint import CheckpointError, load_checkpoint
+from interop.load import load_model
+from storage.checkpoint import check_vocab
 
 MAX_NUM_SAMPLES = 1024
 
@@ -79,14 +81,10 @@ class TextStream:
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-        model, ckpt_dir = load_checkpoint(args.ckpt, args.device)
-    except (UsageError, CheckpointError) as e:
+        model, ckpt_dir = load_model(args.ckpt, args.device)
+        tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
-        tokenizer = Tokenizer(ckpt_dir / "tokenizer.model")
-    except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot parse
-        print(f"error: corrupt tokenizer {ckpt_dir / 'tokenizer.model'}: {e}", file=sys.stderr)
         return 2
 
     engine = Engine(model, tokenizer)

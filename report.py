@@ -19,12 +19,15 @@ from pathlib import Path
 
 import torch
 
-from cli import Parser, UsageError
+from cli import Parser
 from data.tokenizer import Tokenizer
-from generation.kv_memory import BYTES_PER_ELEMENT, kv_cache_bytes
+from errors import UsageError
+from generation.kv_memory import BYTES_PER_ELEMENT
 from insight import attention, blocks, decode, figures, page, positions
+from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
-from storage.checkpoint import CheckpointError, load_checkpoint
+from interop.load import load_model
+from storage.checkpoint import CheckpointError, check_vocab
 from storage.files import atomic_dir, write_bytes
 
 DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
@@ -51,13 +54,10 @@ def run_dir_of(ckpt_dir: Path) -> Path:
 
 def load(path: str) -> tuple[Transformer, Path, Tokenizer]:
     try:
-        model, ckpt_dir = load_checkpoint(path)
+        model, ckpt_dir = load_model(path)
+        tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
     except CheckpointError as e:
         raise UsageError(f"--ckpt {path}: {e}") from None
-    try:
-        tokenizer = Tokenizer(ckpt_dir / "tokenizer.model")
-    except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot parse
-        raise UsageError(f"--ckpt {path}: corrupt tokenizer {ckpt_dir / 'tokenizer.model'}: {e}") from None
     return model, ckpt_dir, tokenizer
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import compare
+from errors import UsageError
 from storage.files import write_json
 
 ROOT = Path(__file__).resolve().parent
@@ -99,8 +100,8 @@ def train(point: Point, out: Path, extra: list[str], threads: int) -> tuple[Poin
     return point, summary, time.perf_counter() - start
 
 
-class RunFailed(Exception):
-    """A run that ended without a result of its own (completed or diverged)."""
+class RunFailed(UsageError):
+    """A run that ended without a result of its own (completed or diverged): a bad setting, mostly."""
 
 
 def run_all(points: list[Point], out: Path, extra: list[str], jobs: int, threads: int, done: list) -> None:
@@ -150,7 +151,7 @@ def main(argv=None) -> None:
         parser.error(f"--seeds {args.seeds} and --jobs {args.jobs} must be >= 1, --widen {args.widen} >= 0")
     try:
         run_study(args.out, args.variants, args.probe, lrs, args.seeds, args.widen, args.jobs, args.overrides)
-    except RunFailed as err:
+    except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 

@@ -31,11 +31,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from data import DataError, eval_batches, get_batch, prepare_data
+from data import eval_batches, get_batch, prepare_data
+from errors import UsageError
 from generation.engine import Engine
-from model.config import ConfigError
 from model.transformer import Transformer
-from storage.checkpoint import CheckpointError
+from settings import check_command_line
 from storage.files import atomic_symlink
 from training.budget import TimeBudget, parse_duration
 from training.config import autocast_for, check_train_config, eval_window_count, model_config, resolve_device
@@ -46,7 +46,6 @@ from training.evaluate import divergence, evaluate, next_token_loss
 from training.horizon import Horizon
 from training.optim import lr_at, make_optimizer
 from training.run_lock import run_dir_lock
-from training.settings import check_command_line
 from training.signals import StopRequest
 from training.state import (Progress, checkpoint_to_resume, resume_training, save_training_checkpoint,
                             step_generator)
@@ -58,7 +57,7 @@ def main(cfg: DictConfig) -> int:
     try:
         with ExitStack() as held:  # what the run holds until it ends: the run dir's lock, the progress bar
             exit_code = train(cfg, held)
-    except (ConfigError, DataError, CheckpointError) as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         exit_code = 2
     except OSError as e:  # a full disk, a read-only or forbidden path: the previous checkpoint is intact

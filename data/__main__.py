@@ -3,11 +3,11 @@ and print what is in it, e.g. `python -m data data=text data.path='books/*.txt' 
 import sys
 import time
 
-from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from data import DataError, prepare_data
-from training.settings import compose_config
+from data import prepare_data
+from errors import UsageError
+from settings import compose_config
 
 
 def main(overrides: list[str]):
@@ -15,7 +15,7 @@ def main(overrides: list[str]):
         cfg = compose_config(overrides)
         started = time.perf_counter()
         data = prepare_data(cfg.data, cfg.model.context_length, OmegaConf.select(cfg, "train.micro_batch_size", default=1))
-    except (DataError, HydraException) as e:
+    except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     print(f"prepare_data: {time.perf_counter() - started:.2f} s, vocab {data.tokenizer.vocab_size}, cache {data.cache_dir}")

@@ -19,11 +19,13 @@ from pathlib import Path
 import datasets
 import huggingface_hub
 
+from errors import UsageError
+
 HUB_TIMEOUT_S = 5
 OFFLINE_CHOICES = "offline choices: data=shakespeare (built in) or data=text data.path=<your files>"
 
 
-class DataError(ValueError):
+class DataError(UsageError):
     """Bad data settings or input; the message is one line naming the setting and its value."""
 
 

@@ -36,13 +36,14 @@ from functools import partial
 
 import torch
 
+from errors import UsageError
 from model.kv_cache import KVCache
 from model.transformer import Transformer
 
 MAX_NEW_TOKENS = 1_000_000
 
 
-class SamplingError(ValueError):
+class SamplingError(UsageError):
     """A generation setting out of range; .setting is the argument's name, so a CLI can name its flag."""
 
     def __init__(self, setting: str, value, rule: str):

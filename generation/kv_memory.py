@@ -1,4 +1,4 @@
-"""The KV-cache memory estimator: model/kv_cache.py's formula for any model, no tensors allocated.
+"""The KV-cache memory estimator: model/kv_cache.py's formula (kv_cache_bytes) for any model, no tensors allocated.
 
     bytes = 2 (K and V) * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
 
@@ -17,14 +17,13 @@ import json
 import sys
 from pathlib import Path
 
-from cli import Parser, UsageError
+from cli import Parser
+from errors import UsageError
+from interop.load import load_model
+from model.kv_cache import kv_cache_bytes
+from storage.checkpoint import CheckpointError
 
 BYTES_PER_ELEMENT = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-
-
-def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
-                   bytes_per_element: int = 2) -> int:
-    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
 
 
 def kv_projections(new_tokens: int, prompt_tokens: int = 1) -> tuple[int, int]:
@@ -52,9 +51,8 @@ def dims_from_hf_config(path: str) -> dict:
 
 
 def dims_from_checkpoint(path: str) -> dict:
-    from storage.checkpoint import CheckpointError, load_checkpoint  # imported here: it loads torch
     try:
-        cfg = load_checkpoint(path)[0].cfg
+        cfg = load_model(path)[0].cfg
     except CheckpointError as e:
         raise UsageError(f"--ckpt {path}: {e}") from None
     return {"layers": cfg.n_layers, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "seq": cfg.context_length}

@@ -11,9 +11,9 @@ import copy
 
 import torch
 
-from generation.kv_memory import kv_cache_bytes
 from model.attention import attention_weights
 from model.config import ModelConfig
+from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
 from training.diagnostics import normalised_entropy
 

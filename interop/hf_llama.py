@@ -25,18 +25,19 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from sentencepiece import SentencePieceProcessor
 from sentencepiece import sentencepiece_model_pb2
 
+from errors import ConfigError, UsageError
 from model.config import ModelConfig
 from model.transformer import Transformer
+from storage.checkpoint import CheckpointError, check_vocab
 
 # The value each switch must have for the model to be a LLaMA.
 LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False,
                   "embedding_scale": "gpt2"}
 
 
-class InteropError(ValueError):
+class InteropError(UsageError):
     """A model, config or tokenizer that has no faithful counterpart on the other side; one line."""
 
 
@@ -193,19 +194,22 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) ->
     model.load_state_dict(state)
 
 
-# ---------------------------------------------------------------- tokenizer
-
-def check_vocab(cfg: ModelConfig, tokenizer_file: Path) -> SentencePieceProcessor:
-    """The SentencePiece model, after checking it has exactly one piece per row of the embedding."""
+def load_transformers_dir(hf_dir: Path, config: dict, device: str | torch.device = "cpu") -> Transformer:
+    """The model (in eval mode) of a transformers LLaMA directory whose config.json is `config`:
+    model.safetensors or its shards, and tokenizer.model, checked against the vocab size."""
+    if not (hf_dir / "tokenizer.model").is_file():
+        raise CheckpointError(f"transformers directory {hf_dir} has no tokenizer.model (the SentencePiece model)")
     try:
-        sp = SentencePieceProcessor(model_file=str(tokenizer_file))
-    except (OSError, RuntimeError) as e:
-        raise InteropError(f"cannot read tokenizer {tokenizer_file}: {e}") from None
-    if sp.get_piece_size() != cfg.vocab_size:
-        raise InteropError(f"vocab mismatch: the model has vocab_size={cfg.vocab_size} but its tokenizer "
-                           f"{tokenizer_file} has {sp.get_piece_size()} pieces")
-    return sp
+        cfg = model_config_from_hf(config)
+        check_vocab(cfg, hf_dir / "tokenizer.model")
+        model = Transformer(cfg)
+        load_hf_state_dict(model, read_hf_weights(hf_dir))
+    except (InteropError, ConfigError, CheckpointError) as e:
+        raise CheckpointError(f"transformers directory {hf_dir}: {e}") from None
+    return model.to(device).eval()
 
+
+# ---------------------------------------------------------------- tokenizer
 
 # The SentencePiece settings under which a LLaMA tokenizer (transformers' LlamaTokenizer, llama.cpp's "llama"
 # tokenizer: BPE merges by score, byte fallback, spaces as U+2581, nothing normalised) encodes as SentencePiece does.

@@ -5,8 +5,8 @@ learned), attention.py (MHA / GQA / MQA), ffn.py (SwiGLU / ReLU / GELU), block.p
 transformer.py (the whole LM), kv_cache.py (the preallocated cache). Generation, checkpoints and
 transformers interop use it from outside: generation/, storage/, interop/.
 """
-from model.config import ConfigError, ModelConfig
+from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.transformer import Transformer
 
-__all__ = ["ConfigError", "ModelConfig", "KVCache", "Transformer"]
+__all__ = ["ModelConfig", "KVCache", "Transformer"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from errors import ConfigError
 from model.ffn import hidden_width
 
 NORMS = ("rmsnorm", "layernorm")
@@ -20,10 +21,6 @@ EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: mode
 
 def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-class ConfigError(ValueError):
-    """A model setting that cannot build a model; the message names the keys and values."""
 
 
 @dataclass

@@ -10,6 +10,12 @@ no concatenation, no reallocation. The memory estimator for any model is generat
 import torch
 
 
+def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
+                   bytes_per_element: int = 2) -> int:
+    """The formula above: what a cache of these sizes holds, for any model (generation/kv_memory.py)."""
+    return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
+
+
 class KVCache:
     def __init__(self, n_layers: int, batch: int, n_kv_heads: int, max_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
@@ -22,7 +28,7 @@ class KVCache:
         self.layers = list(zip(self.k.unbind(0), self.v.unbind(0)))
 
     @property
-    def nbytes(self) -> int:  # what is allocated; kv_cache_bytes() is the formula
+    def nbytes(self) -> int:  # what is allocated, which tests hold to kv_cache_bytes()
         return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):

@@ -22,7 +22,7 @@ from torch import nn
 
 from model.block import Block, final_norm
 from model.config import ModelConfig
-from model.kv_cache import KVCache
+from model.kv_cache import KVCache, kv_cache_bytes
 from model.positions import make_positions
 
 INIT_STD = 0.02  # GPT-2's, for every weight matrix and (with embedding_scale=gpt2) the embeddings
@@ -65,7 +65,8 @@ class Transformer(nn.Module):
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
         cfg = self.cfg
-        return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+        return kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, seq_len=1,
+                              bytes_per_element=torch.tensor([], dtype=dtype).element_size())
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg, param = self.cfg, self.tok_emb.weight

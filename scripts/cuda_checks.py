@@ -12,10 +12,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from generation.engine import Engine
 from model import ModelConfig, Transformer
+from settings import compose_config
 from training.config import autocast_for
 from training.evaluate import next_token_loss
 from training.optim import make_optimizer
-from training.settings import compose_config
 
 
 def main():

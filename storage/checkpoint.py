@@ -11,8 +11,8 @@ also checks the parts against each other before building anything (each tensor's
 config, the tokenizer's size against model.vocab_size) and refuses non-finite weights, which are
 never saved either. Each refusal is a CheckpointError naming the file and both values.
 
-load_checkpoint also reads a transformers LLaMA directory (config.json with model_type "llama",
-model.safetensors or its shards, tokenizer.model), through interop/hf_llama.py.
+A transformers LLaMA directory is read by interop/load.py, which hands this repo's own to load_checkpoint:
+resuming or generating from a native checkpoint never imports the transformers mapping.
 
 The directory is written next to its final place and renamed into it, so a kill at any
 moment leaves either the previous checkpoint or the new one, never a mix.
@@ -25,16 +25,16 @@ from typing import Callable
 
 import torch
 from safetensors.torch import load, save
-
-from interop.hf_llama import InteropError, check_vocab, load_hf_state_dict, model_config_from_hf, read_hf_weights
-from model.config import ConfigError, ModelConfig
+from data.tokenizer import Tokenizer
+from errors import ConfigError, UsageError
+from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.files import atomic_dir, sha256, write_bytes
 
 FORMAT_VERSION = 2
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UsageError):
     """A checkpoint that is missing, corrupt or of another format; the message says which."""
 
 
@@ -101,17 +101,33 @@ def check_shapes(ckpt_dir: Path, model: Transformer, state: dict[str, torch.Tens
                                   f"{list(want.shape)} for the model its config.json describes ({sizes})")
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
-    """Returns (model in eval mode, ckpt dir). The tokenizer is ckpt_dir / 'tokenizer.model'.
-    ckpt dir may also be a transformers LLaMA directory."""
-    ckpt_dir = resolve_ckpt_dir(path)
+def read_config(ckpt_dir: Path) -> dict:
+    """ckpt_dir/config.json: this repo's checkpoint config or a transformers model config ({} for JSON that
+    is not an object, which then fails the format_version check by name)."""
     try:
         meta = json.loads((ckpt_dir / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
-    if isinstance(meta, dict) and "model_type" in meta:
-        return _load_transformers_dir(ckpt_dir, meta, device), ckpt_dir
-    version = meta.get("format_version") if isinstance(meta, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def check_vocab(cfg: ModelConfig, tokenizer_file: Path) -> Tokenizer:
+    """The tokenizer, after checking it has exactly one piece per row of the embedding."""
+    try:
+        tokenizer = Tokenizer(tokenizer_file)
+    except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot parse
+        raise CheckpointError(f"cannot read tokenizer {tokenizer_file}: {e}") from None
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise CheckpointError(f"vocab mismatch: the model has vocab_size={cfg.vocab_size} but its tokenizer "
+                              f"{tokenizer_file} has {tokenizer.vocab_size} pieces")
+    return tokenizer
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
+    """Returns (model in eval mode, ckpt dir). The tokenizer is ckpt_dir / 'tokenizer.model'."""
+    ckpt_dir = resolve_ckpt_dir(path)
+    meta = read_config(ckpt_dir)
+    version = meta.get("format_version")
     if version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {ckpt_dir} has format_version={version!r}; "
                               f"this nanollama reads format_version={FORMAT_VERSION}")
@@ -122,7 +138,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
         raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
     try:
         check_vocab(cfg, ckpt_dir / "tokenizer.model")
-    except InteropError as e:
+    except CheckpointError as e:
         raise CheckpointError(f"checkpoint {ckpt_dir}: {e}") from None
     try:
         state = load((ckpt_dir / "model.safetensors").read_bytes())
@@ -137,15 +153,3 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
     model.load_state_dict(state)
     return model.to(device).eval(), ckpt_dir
 
-
-def _load_transformers_dir(hf_dir: Path, config: dict, device: str | torch.device) -> Transformer:
-    if not (hf_dir / "tokenizer.model").is_file():
-        raise CheckpointError(f"transformers directory {hf_dir} has no tokenizer.model (the SentencePiece model)")
-    try:
-        cfg = model_config_from_hf(config)
-        check_vocab(cfg, hf_dir / "tokenizer.model")
-        model = Transformer(cfg)
-        load_hf_state_dict(model, read_hf_weights(hf_dir))
-    except (InteropError, ConfigError) as e:
-        raise CheckpointError(f"transformers directory {hf_dir}: {e}") from None
-    return model.to(device).eval()

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from training.settings import compose_config
+from settings import compose_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 
 import compare
 from model import ModelConfig, Transformer
-from training.settings import CONFIG_DIR, compose_config
+from settings import CONFIG_DIR, compose_config
 
 COMPONENTS = ("norm", "norm_position", "position", "attention", "ffn")
 # Each variant's definition: the model.* settings it changes from the baseline.

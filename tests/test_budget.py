@@ -8,11 +8,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from data_helpers import metrics, run_train as train, summary
-from model.config import ConfigError
+from errors import ConfigError
 from training.budget import TimeBudget, parse_duration
 from training.horizon import Horizon
 from training.optim import lr_at
-from training.settings import CONFIG_DIR
+from settings import CONFIG_DIR
 
 BUDGET_S = 3.0
 # The margin a budgeted run may finish past its budget in these tests: the reserve for the end is the

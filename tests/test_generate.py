@@ -14,9 +14,10 @@ import torch
 from data.tokenizer import Tokenizer, train_tokenizer
 import generate
 from generation.engine import Engine, SamplingError, compiled_decoder, top_k_filter, top_p_filter
-from generation.kv_memory import kv_cache_bytes, kv_projections
+from generation.kv_memory import kv_projections
 from model import ModelConfig, Transformer
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
+from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import save_checkpoint
 from weights import far_from_init
 

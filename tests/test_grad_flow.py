@@ -1,4 +1,4 @@
-"""training/grad_flow.py: the first/last gradient ratios at initialisation, as measured.
+"""scripts/grad_flow.py: the first/last gradient ratios at initialisation, as measured.
 
 The chapter's illustration has Post-Norm's ratio decaying with depth and Pre-Norm's near 1. With
 this model's initialisation (embeddings of std 0.02, residual projections scaled by 1/sqrt(2L))
@@ -9,7 +9,7 @@ the stream's scale; Post-Norm's stays just under 1 at every depth.
 """
 import pytest
 
-from training.grad_flow import grad_flow_rows, main
+from scripts.grad_flow import grad_flow_rows, main
 
 # d 128 with 8 heads of 16 (the size these numbers were measured at), a short context and a small
 # vocabulary: ~5 s on 2 CPU cores

@@ -1,7 +1,9 @@
-"""Interop with transformers: export.py writes a LlamaForCausalLM directory, load_checkpoint reads one,
+"""Interop with transformers: export.py writes a LlamaForCausalLM directory, interop/load.py reads one,
 with equal logits and greedy text both ways, and the refusals of what has no counterpart."""
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaC
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
+from interop.load import load_model
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
-from storage.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from storage.checkpoint import CheckpointError, save_checkpoint
 from weights import far_from_init
 
 
@@ -68,7 +71,7 @@ def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, token
     assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys)
 
     # and back: the exported directory loads here as the same model
-    reloaded, hf_dir = load_checkpoint(tmp_path / "hf")
+    reloaded, hf_dir = load_model(tmp_path / "hf")
     tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(reloaded(tokens), model(tokens))
@@ -140,7 +143,7 @@ def test_import_transformers_dir_with_equal_logits_and_greedy_text(tmp_path, tok
     theirs.save_pretrained(tmp_path / "hf", max_shard_size="40KB" if shard else "1GB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file() == shard
     shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
-    ours, hf_dir = load_checkpoint(tmp_path / "hf")
+    ours, hf_dir = load_model(tmp_path / "hf")
     assert hf_dir == tmp_path / "hf" and ours.cfg.tie_embeddings == tie
     assert (ours.cfg.n_kv_heads, ours.cfg.d_ff, ours.cfg.rope_base, ours.cfg.norm_eps) == (2, 96, 500.0, 1e-4)
     assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys)
@@ -170,7 +173,7 @@ def write_hf_dir(d: Path, config: dict, tokenizer_file: Path | None) -> Path:
 def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_config_json, key, value, named):
     d = write_hf_dir(tmp_path / "hf", hf_config_json | {key: value}, tokenizer_file)
     with pytest.raises(CheckpointError, match=named) as error:
-        load_checkpoint(d)
+        load_model(d)
     assert "\n" not in str(error.value)
 
 
@@ -179,7 +182,7 @@ def test_import_refuses_non_llama_config_and_export_says_so(tmp_path, tokenizer_
     GPT2Config(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4).save_pretrained(d)
     shutil.copyfile(tokenizer_file, d / "tokenizer.model")
     with pytest.raises(CheckpointError, match="model_type='gpt2' is not supported; only model_type='llama'"):
-        load_checkpoint(d)
+        load_model(d)
     assert run_export("--ckpt", d, "--out", tmp_path / "out") == 2
     assert "model_type='gpt2'" in one_error_line(capsys)
     assert not (tmp_path / "out").exists()
@@ -188,4 +191,15 @@ def test_import_refuses_non_llama_config_and_export_says_so(tmp_path, tokenizer_
 def test_import_needs_the_sentencepiece_model(tmp_path, hf_config_json):
     d = write_hf_dir(tmp_path / "hf", hf_config_json, tokenizer_file=None)
     with pytest.raises(CheckpointError, match="has no tokenizer.model"):
-        load_checkpoint(d)
+        load_model(d)
+
+
+def test_a_native_checkpoint_is_generated_from_without_the_transformers_mapping(tmp_path, tokenizer_file):
+    """generate.py reads a transformers directory too, yet on this repo's own checkpoint it never imports
+    interop/hf_llama.py: a fresh process generates, then lists what it imported."""
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), tokenizer_file)
+    script = ("import sys, generate; code = generate.main(['--ckpt', sys.argv[1], '--max-new-tokens', '2']); "
+              "print(code, 'interop.hf_llama' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent, check=True)
+    assert done.stdout.split()[-2:] == ["0", "False"], done.stderr

@@ -5,10 +5,11 @@ import json
 import pytest
 import torch
 
-from cli import UsageError
 from data.tokenizer import train_tokenizer
-from generation.kv_memory import estimate, kv_cache_bytes, kv_projections, main
+from errors import UsageError
+from generation.kv_memory import estimate, kv_projections, main
 from model import KVCache, ModelConfig, Transformer
+from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import save_checkpoint
 
 LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", "fp16"]

@@ -11,7 +11,8 @@ from pytest import approx
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from interop.hf_llama import hf_config, hf_state_dict
-from model import ConfigError, ModelConfig, Transformer
+from errors import ConfigError
+from model import ModelConfig, Transformer
 from model.attention import Attention
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
 from model.ffn import FeedForward

@@ -18,7 +18,7 @@ from filelock import FileLock
 import report
 from data.tokenizer import train_tokenizer
 from data_helpers import run_train, tiny_run, write_corpus
-from generation.kv_memory import kv_cache_bytes
+from model.kv_cache import kv_cache_bytes
 from insight.attention import cache_by_kv_heads, kv_wiring, layer_qk
 from insight.blocks import ffn_activations
 from insight.decode import decode_times

@@ -5,13 +5,14 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from model.config import ConfigError, ModelConfig
+from errors import ConfigError
+from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError
 from training.config import check_train_config
 from training.horizon import Horizon
 from training.optim import lr_at, make_optimizer
-from training.settings import CONFIG_DIR
+from settings import CONFIG_DIR
 from training.state import checkpoint_to_resume
 from training.tracking import default_run_name, keep_metrics_up_to, wandb_mode
 

@@ -1,6 +1,5 @@
-"""The helpers that keep train.py a top-down read.
+"""The helpers that keep train.py a top-down read (the settings' schema and compose_config(): settings.py).
 
-settings.py     the settings' schema (typed train/model/data/wandb, in the ConfigStore) and compose_config()
 config.py       train.* range checks, gradient accumulation arithmetic, device and precision, the model config
 optim.py        AdamW parameter groups (which parameters decay) and the lr schedule
 evaluate.py     the next-token loss; val loss, perplexity and bits per byte
@@ -10,5 +9,4 @@ distributed.py  torchrun/DDP set-up and the per-step agreement between processes
 signals.py      SIGINT/SIGTERM: stop after the current step, checkpoint, exit 130/143
 run_lock.py     one writer per run dir: an fcntl lock the OS releases when the process dies
 diagnostics.py  train.diagnostics=true: per-layer stream/branch rms, position cosine, attention entropy, grad norms
-grad_flow.py    `python -m training.grad_flow`: gradient norm reaching the first block vs the last, at init
 """

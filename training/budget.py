@@ -20,7 +20,7 @@ even across runs; a run counted in steps (train.time_budget=null) stays bit-exac
 """
 import re
 
-from model.config import ConfigError
+from errors import ConfigError
 
 SAMPLE_S_PER_TOKEN = 0.02  # a decode step, on the slow side, until a sample has been timed
 CKPT_BYTES_PER_S = 100e6  # written and hashed, on the slow side, until a checkpoint has been timed

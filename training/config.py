@@ -16,7 +16,8 @@ from contextlib import AbstractContextManager, nullcontext
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from model.config import ConfigError, ModelConfig
+from errors import ConfigError
+from model.config import ModelConfig
 from training.budget import parse_duration
 
 POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
@@ -25,7 +26,7 @@ MAX_MICRO_BATCH = 16  # sequences per forward/backward per process when train.mi
 
 
 def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
-    """The ranges of train.* (their types the schema has checked, training/settings.py). Returns the
+    """The ranges of train.* (their types the schema has checked, settings.py). Returns the
     micro-batch size and the gradient accumulation steps per optimizer step."""
     for key in POSITIVE_INTS:
         if train[key] <= 0:

@@ -2,7 +2,7 @@
 
 Each job trains in a dir of its own, named by the overrides that differ between the jobs: the keys swept
 on the command line (train.lr=1e-3,1e-2) or in hydra.sweeper.params, with this job's values, e.g.
-multirun/<date>/<time>/train.lr=0.001 (configs/config.yaml's hydra.sweep.subdir, `${swept:}`). The
+multirun/<date>/<time>/train.lr=0.001 (configs/config.yaml's hydra.sweep.subdir, `${swept:}`, settings.py). The
 overrides every job shares stay out of the name, which they would make longer than a file name may be.
 A job that fails does not stop the others: the sweep goes on, and at its end FailedJobs makes the whole
 command exit 1 with one `error:` line that names every failed job, so a sweep that lost runs never
@@ -10,39 +10,8 @@ reports success. (A signal still stops the sweep at once: train.py exits with it
 """
 import sys
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
-from hydra.errors import OverrideParseException
 from hydra.experimental.callback import Callback
-from omegaconf import OmegaConf
-
-
-def swept_keys(command_line: list[str], sweeper_params) -> set[str]:
-    """The keys a multirun sweeps: those with several values on the command line, and hydra.sweeper.params'.
-    Arguments that are no override (Hydra's flags; a test runner's, where configs are composed in-process)
-    sweep nothing."""
-    parser, keys = OverridesParser.create(), {key.lstrip("+~") for key in sweeper_params or {}}
-    for argument in command_line:
-        try:
-            (override,) = parser.parse_overrides([argument])
-        except OverrideParseException:
-            continue
-        if override.is_sweep_override():
-            keys.add(override.key_or_group)
-    return keys
-
-
-def swept(_root_) -> str:
-    """This job's values of the swept keys as key=value,key=value (the keys that
-    hydra.job.config.override_dirname.exclude_keys names left out), for its dir's name."""
-    hydra = _root_.hydra
-    keys = swept_keys(sys.argv[1:], hydra.sweeper.get("params")) - set(hydra.job.config.override_dirname.exclude_keys)
-    own = OverridesParser.create().parse_overrides(list(hydra.overrides.task))
-    name = ",".join(sorted(o.input_line.lstrip("+~") for o in own if o.key_or_group in keys)) or "run"
-    return name.replace("/", "_")  # a swept path names one dir, not a tree
-
-
-OmegaConf.register_new_resolver("swept", swept, replace=True)
 
 
 class FailedJobs(Callback):

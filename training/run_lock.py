@@ -10,7 +10,7 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-from model.config import ConfigError
+from errors import ConfigError
 
 
 @contextmanager

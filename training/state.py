@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.config import ConfigError
+from errors import ConfigError
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, load_checkpoint, resolve_ckpt_dir, save_checkpoint
 from storage.files import write_bytes

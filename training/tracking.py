@@ -19,9 +19,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from model.config import ConfigError
+from errors import ConfigError
+from settings import CONFIG_DIR
 from storage.files import atomic_write, write_json
-from training.settings import CONFIG_DIR
 
 WANDB_MODES = ("online", "offline", "disabled")
 

@@ -13,13 +13,14 @@ from typing import Any, Optional
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-import training.multirun  # noqa: F401  (registers ${swept:}, which names a multirun's job dirs, before any composition)
+from errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a bad override, key, value or group option
 
 
@@ -110,10 +111,43 @@ class Settings:
 ConfigStore.instance().store(name="schema", node=Settings)
 
 
+# ${swept:}, registered before any composition: it names a multirun's job dirs (training/multirun.py)
+def swept_keys(command_line: list[str], sweeper_params) -> set[str]:
+    """The keys a multirun sweeps: those with several values on the command line, and hydra.sweeper.params'.
+    Arguments that are no override (Hydra's flags; a test runner's, where configs are composed in-process)
+    sweep nothing."""
+    parser, keys = OverridesParser.create(), {key.lstrip("+~") for key in sweeper_params or {}}
+    for argument in command_line:
+        try:
+            (override,) = parser.parse_overrides([argument])
+        except OverrideParseException:
+            continue
+        if override.is_sweep_override():
+            keys.add(override.key_or_group)
+    return keys
+
+
+def swept(_root_) -> str:
+    """This job's values of the swept keys as key=value,key=value (the keys that
+    hydra.job.config.override_dirname.exclude_keys names left out), for its dir's name."""
+    hydra = _root_.hydra
+    keys = swept_keys(sys.argv[1:], hydra.sweeper.get("params")) - set(hydra.job.config.override_dirname.exclude_keys)
+    own = OverridesParser.create().parse_overrides(list(hydra.overrides.task))
+    name = ",".join(sorted(o.input_line.lstrip("+~") for o in own if o.key_or_group in keys)) or "run"
+    return name.replace("/", "_")  # a swept path names one dir, not a tree
+
+
+OmegaConf.register_new_resolver("swept", swept, replace=True)
+
+
 def compose_config(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
-    """configs/config.yaml with these command-line overrides, as train.py would see it."""
-    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
-        return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    """configs/config.yaml with these command-line overrides, as train.py would see it. A mistyped key or
+    value or an unknown group option is a ConfigError of one line; its __cause__ is Hydra's own error."""
+    try:
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+            return compose("config", overrides=list(overrides), return_hydra_config=return_hydra_config)
+    except COMPOSITION_ERRORS as err:
+        raise ConfigError(composition_error(err)) from err
 
 
 def check_command_line(argv: list[str]) -> None:
@@ -124,8 +158,8 @@ def check_command_line(argv: list[str]) -> None:
         return
     try:
         compose_config(argv)
-    except COMPOSITION_ERRORS as err:
-        print(f"error: {composition_error(err)}", file=sys.stderr)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
 
 

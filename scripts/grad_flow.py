@@ -1,8 +1,8 @@
 """Gradient flow at initialisation: how much gradient reaches the first block, relative to the last,
 for Pre-Norm and Post-Norm at several depths.
 
-    python -m training.grad_flow                                 # llama_tiny, depths 4 12 24
-    python -m training.grad_flow model.d_model=64 --depths 2 8   # any Hydra override of the model, first
+    python scripts/grad_flow.py                                 # llama_tiny, depths 4 12 24
+    python scripts/grad_flow.py model.d_model=64 --depths 2 8   # any Hydra override of the model, first
 
 Each model is freshly initialised (torch seed --seed) and does one forward/backward of the
 next-token loss on one fixed batch of uniformly random tokens: no data or tokenizer is needed,
@@ -17,14 +17,17 @@ gradient shrinks on its way down, the vanishing that a learning-rate warm-up is 
 """
 import argparse
 import sys
+from pathlib import Path
 
 import torch
-from hydra.errors import HydraException
 
-from model import ConfigError, ModelConfig, Transformer
-from training.config import model_config
-from training.evaluate import next_token_loss
-from training.settings import compose_config
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from errors import UsageError  # noqa: E402  (after the path: run as a script from anywhere)
+from model import ModelConfig, Transformer  # noqa: E402
+from settings import compose_config  # noqa: E402
+from training.config import model_config  # noqa: E402
+from training.evaluate import next_token_loss  # noqa: E402
 
 def gradient_ratios(model: Transformer, tokens: torch.Tensor) -> dict:
     """The stream and params gradient ratios of block 1 over block L for one backward pass of
@@ -81,8 +84,8 @@ def main(argv=None):
         parser.error(f"--depths {min(args.depths)}: a first/last ratio needs at least 2 blocks")
     try:
         model_config_for(args.overrides)  # a bad override fails here, before any model is built
-    except (HydraException, ConfigError) as err:
-        print("error: " + " ".join(str(err).split()), file=sys.stderr)  # Hydra's messages span lines
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     print("| norm position | layers | stream ‖∂L/∂h₁‖ / ‖∂L/∂h_L‖ | params ‖∇θ₁‖ / ‖∇θ_L‖ | rms(h_L) / rms(h₁) |")
     print("|---|---:|---:|---:|---:|")

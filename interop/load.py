@@ -1,0 +1,23 @@
+"""A model from a directory of either kind: this repo's checkpoint (storage/checkpoint.py) or a transformers
+LLaMA directory (interop/hf_llama.py), told apart by config.json (transformers' names a model_type, ours a
+format_version). The mapping is imported only for a transformers directory, so loading a native checkpoint
+never imports it."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from model.transformer import Transformer
+from storage.checkpoint import load_checkpoint, read_config, resolve_ckpt_dir
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
+    """Returns (model in eval mode, its dir); the tokenizer is dir / 'tokenizer.model'. `path` may be a run dir
+    (holding ckpt/), a checkpoint dir or a transformers LLaMA directory."""
+    ckpt_dir = resolve_ckpt_dir(path)
+    config = read_config(ckpt_dir)
+    if "model_type" in config:
+        from interop.hf_llama import load_transformers_dir  # here, not above: only this kind of dir needs it
+        return load_transformers_dir(ckpt_dir, config, device), ckpt_dir
+    return load_checkpoint(ckpt_dir, device)
