@@ -1,13 +1,19 @@
 """Throughput of this repo's models against their peers, in one process on one machine.
 
     python bench.py [--device cpu|cuda] [--threads N] [--repeats N] [--json PATH] [--plot PATH] [--quick] [overrides]
-    python bench.py --ablation [--repeats N] [--json PATH]    # training tokens/s of each ablation variant
+    python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
 
-llama_tiny is what `python train.py` trains (configs/, composed as train.py composes it). transformers'
+llama_tiny is what `python train.py [overrides]` trains. Every peer of ours is composed from configs/ and the
+overrides as train.py composes them (training/settings.py), so every model.* and train.* setting reaches it: the
+GPT-2 configuration and the one-switch rows add their group options (norm=layernorm, ...), the ablation's
+variants `+experiment=ablation ablation=X`; train.py's AdamW of the composed train.* settings steps each one
+(training/optim.py). --quick adds toy sizes to the overrides (QUICK_OVERRIDES). transformers'
 LlamaForCausalLM gets its sizes and its weights (copied through interop/hf_llama.py), the same inputs and the
 same thread count. The timed runs alternate (A B C, C B A, A B C, ...) so that noise from other processes hits
 every peer, and every figure is the median over --repeats runs after one untimed warm-up. Machines are
-shared: compare the ratios, not the absolute figures.
+shared: compare the ratios, not the absolute figures. Every ratio "A vs B" is A's tokens/s over B's (above 1:
+A is faster): the tables' last column (vs llama_tiny, vs baseline) is its row over the baseline row, and
+each target (train_vs_gpt2, ...) is llama_tiny's figure over its peer's.
 
 Training: tokens/s of forward + cross-entropy + backward + AdamW step on train.batch_size sequences of
 llama_tiny's context, the optimizer built as train.py builds it (training/optim.py) for every peer:
@@ -31,7 +37,7 @@ time of the whole generation, the prompt's prefill included. Ours through genera
 without the KV cache (the no-cache run once, at batch 1: it takes minutes at batch 8) and with the cache under
 generation.engine.compiled_decoder (its warm-up run compiles the decode step: that time is reported apart), theirs through
 generate(use_cache=True, do_sample=False, min_new_tokens=512). 16 + 512 tokens do not fit llama_tiny's
-256-token context, so both decode models have context_length = max_position_embeddings = 1024.
+context, so both decode models have context_length = max_position_embeddings = 1024.
 Prefill: one forward over a 256-token prompt into an empty cache, logits of the last position only
 (what generation needs; transformers' generate asks for the same with logits_to_keep=1).
 The weight-streaming limit: a batch-1 decode step reads every weight once, so it cannot beat
@@ -47,12 +53,14 @@ import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
+from typing import Callable
 from pathlib import Path
 
 import torch
 import transformers
+from omegaconf import DictConfig
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.streamers import BaseStreamer
@@ -64,11 +72,10 @@ from interop.hf_llama import hf_config, hf_state_dict
 from model import ModelConfig, Transformer
 from settings import compose_config
 from storage.files import atomic_write, write_json
-from training.config import autocast_for, model_config
+from training.config import autocast_for, check_train_config, model_config
 from training.evaluate import next_token_loss
 from training.optim import make_optimizer
 
-TRAIN = compose_config([]).train  # train.py's settings: the batch size and the optimizer every peer gets
 # CPU fp32: llama_tiny's training tokens/s against this repo's GPT-2 configuration (eager, and train.compile=true)
 # and transformers' LLaMA; the default decode (what generate.py runs) against transformers' and the limit
 # that streaming every weight once per token sets
@@ -78,9 +85,7 @@ TARGETS = {"train_vs_gpt2": 1.0, "train_vs_hf_llama": 1.2, "compiled_train_vs_gp
 
 @dataclass
 class Sizes:
-    dims: dict
-    batch_size: int  # training sequences per step
-    context: int  # training sequence length
+    overrides: list[str]  # train.py's: every model and train.* setting of every peer is composed from them
     prompt_tokens: int
     new_tokens: int
     decode_batches: tuple[int, int]
@@ -89,20 +94,29 @@ class Sizes:
     peak_n: int
     repeats: int
 
+    def compose(self, *switches: str) -> DictConfig:
+        """`python train.py <overrides> <switches>`'s settings, checked as train.py checks them before it builds
+        anything (a bad one raises a composition error or ConfigError)."""
+        cfg = compose_config(self.overrides + list(switches))
+        check_train_config(cfg.train, world_size=1)
+        model_config(cfg)  # a model setting that cannot build a model raises ConfigError here
+        return cfg
+
 
 def full_sizes(overrides: list[str]) -> Sizes:
     """What `python train.py <overrides>` trains (default: llama_tiny and its vocabulary), at the bench's sizes."""
-    cfg = compose_config(overrides)
-    dims = {key: cfg.model[key] for key in ("d_model", "n_layers", "n_heads", "n_kv_heads")}
-    return Sizes(dims | {"vocab_size": model_config(cfg).vocab_size}, batch_size=cfg.train.batch_size,
-                 context=cfg.model.context_length, prompt_tokens=16, new_tokens=512, decode_batches=(1, 8),
-                 decode_context=1024, prefill_tokens=256, peak_n=2048, repeats=5)
+    return Sizes(list(overrides), prompt_tokens=16, new_tokens=512, decode_batches=(1, 8), decode_context=1024,
+                 prefill_tokens=256, peak_n=2048, repeats=5)
 
 
 # --quick: the same code paths at toy sizes, for the test of the JSON's shape; its figures mean nothing.
-QUICK = Sizes(dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2), batch_size=2, context=32,
-              prompt_tokens=4, new_tokens=8, decode_batches=(1, 2), decode_context=64, prefill_tokens=32,
-              peak_n=256, repeats=2)
+QUICK_OVERRIDES = ["model.d_model=64", "model.n_layers=2", "model.context_length=32", "data.vocab_size=256",
+                   "train.batch_size=2", "train.micro_batch_size=null"]
+
+
+def quick_sizes(overrides: list[str]) -> Sizes:
+    return Sizes(QUICK_OVERRIDES + list(overrides), prompt_tokens=4, new_tokens=8, decode_batches=(1, 2),
+                 decode_context=64, prefill_tokens=32, peak_n=256, repeats=2)
 
 
 def parse_args(argv):
@@ -149,9 +163,8 @@ class Device:
             torch.cuda.synchronize()
 
 
-def build_pair(dims: dict, context: int, device: Device) -> tuple[Transformer, nn.Module]:
+def build_pair(cfg: ModelConfig, device: Device) -> tuple[Transformer, nn.Module]:
     """Our model and transformers' LlamaForCausalLM with the same config and the same weights."""
-    cfg = ModelConfig(**dims, context_length=context)  # defaults: RMSNorm, Pre-Norm, RoPE, SwiGLU, tied
     ours = Transformer(cfg)
     theirs = AutoModelForCausalLM.from_config(LlamaConfig(**hf_config(cfg)), attn_implementation="sdpa")
     missing, unexpected = theirs.load_state_dict(hf_state_dict(ours), strict=False)
@@ -179,68 +192,101 @@ def timed_alternately(what: str, runs: dict, repeats: int, device: Device,
     return seconds, results, warm_up_s
 
 
+# ---------------------------------------------------------------- training steps and their table
+
+@dataclass
+class Peer:
+    """One row of a training table: a model, its loss of (inputs, targets) (train.py's next-token loss), the
+    model whose nn.Linear weights count its FLOPs, train.py's AdamW of the peer's train.* settings
+    (training/optim.py), and one batch of train.batch_size random sequences of the model's context."""
+    model: nn.Module
+    loss_of: Callable
+    counted: Transformer
+    optimizer: torch.optim.Optimizer
+    tokens: torch.Tensor  # [batch_size, context + 1]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.tokens[:, 1:].numel()
+
+    def step(self, device: Device) -> None:
+        """forward + loss, backward, AdamW step."""
+        with device.autocast():
+            loss = self.loss_of(self.tokens[:, :-1], self.tokens[:, 1:])
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def peer(model: nn.Module, settings: DictConfig, device: Device, loss_of: Callable | None = None,
+         counted: Transformer | None = None) -> Peer:
+    """model (already on the device) as a Peer; loss_of and counted default to the model's own."""
+    counted = counted or model
+    tokens = torch.randint(counted.cfg.vocab_size, (settings.train.batch_size, counted.cfg.context_length + 1),
+                           device=device.name)
+    return Peer(model, loss_of or partial(next_token_loss, model), counted, make_optimizer(model, settings.train),
+                tokens)
+
+
+def our_peer(settings: DictConfig, device: Device) -> Peer:
+    return peer(Transformer(model_config(settings)).to(device.name), settings, device)
+
+
+def speed_rows(seconds: dict[str, list[float]], peers: dict[str, Peer], baseline: str) -> dict:
+    """Each peer's training tokens/s from its timed steps: the median, the range, the step seconds, and
+    vs_baseline = its median tokens/s / the baseline's: above 1 it trains faster than the baseline."""
+    rows = {}
+    for name, peer_ in peers.items():
+        tokens, s = peer_.tokens_per_step, seconds[name]
+        rows[name] = {"tokens_per_s": tokens / statistics.median(s), "tokens_per_s_range": [tokens / max(s),
+                                                                                            tokens / min(s)],
+                      "step_s": s}
+    for row in rows.values():
+        row["vs_baseline"] = row["tokens_per_s"] / rows[baseline]["tokens_per_s"]
+    return rows
+
+
+def speed_table(rows: dict, first: str, baseline: str, columns: dict[str, Callable] | None = None) -> str:
+    """speed_rows as markdown; columns: header -> a row's cell, between the range and vs <baseline>."""
+    columns = columns or {}
+    lines = [f"| {first} | training tokens/s (median) | min - max | {' | '.join([*columns, f'vs {baseline}'])} |",
+             "|---|" + "---:|" * (3 + len(columns))]
+    for name, row in rows.items():
+        low, high = row["tokens_per_s_range"]
+        cells = [f"{row['tokens_per_s']:,.0f}", f"{low:,.0f} - {high:,.0f}", *(cell(row) for cell in columns.values()),
+                 f"{row['vs_baseline']:.3f}x"]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def train_flops_per_token(model: Transformer) -> int:
+    cfg = model.cfg
+    n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    return 6 * n_matmul + 6 * cfg.n_layers * cfg.context_length * cfg.d_model
+
+
 # ---------------------------------------------------------------- the ablation's variants
 
-def bench_ablation(repeats: int, device: Device) -> dict:
-    """Training tokens/s of every ablation variant at the ablation's size (+experiment=ablation ablation=X:
-    train.batch_size sequences of its context, train.py's AdamW), one training step of each in turn, alternated
-    in one process: the speed the learning-rate sweep's runs cannot show, since they shared the cores."""
+def ablation_peers(sizes: Sizes, device: Device) -> dict[str, Peer]:
+    """Every ablation variant, as `python train.py <overrides> +experiment=ablation ablation=X` builds it."""
     from sweep import VARIANTS
-    from training.config import model_config
+    return {variant: our_peer(sizes.compose("+experiment=ablation", f"ablation={variant}"), device)
+            for variant in VARIANTS}
 
-    steps, tokens_per_step = {}, None
-    for variant in VARIANTS:
-        cfg = compose_config(["+experiment=ablation", f"ablation={variant}"])
-        model = Transformer(model_config(cfg)).to(device.name)
-        T = model.cfg.context_length
-        batch = torch.randint(model.cfg.vocab_size, (cfg.train.batch_size, T + 1), device=device.name)
-        steps[variant] = train_step(model, partial(next_token_loss, model), batch, device)
-        tokens_per_step = cfg.train.batch_size * T
+
+def bench_ablation(peers: dict[str, Peer], repeats: int, device: Device) -> dict:
+    """Training tokens/s of every ablation variant at the ablation's size, one training step of each in turn,
+    alternated in one process: the speed the learning-rate sweep's runs cannot show, since they shared the cores."""
+    steps = {variant: partial(p.step, device) for variant, p in peers.items()}
     seconds, _, _ = timed_alternately("ablation training steps", steps, repeats, device)
-    base = statistics.median(seconds["baseline"])
-    return {variant: {"tokens_per_s": tokens_per_step / statistics.median(s),
-                      "tokens_per_s_range": [tokens_per_step / max(s), tokens_per_step / min(s)],
-                      "vs_baseline": base / statistics.median(s)} for variant, s in seconds.items()}
-
-
-def ablation_table(speeds: dict) -> str:
-    rows = ["| variant | training tokens/s (median) | min - max | vs baseline |", "|---|---:|---:|---:|"]
-    for variant, r in speeds.items():
-        low, high = r["tokens_per_s_range"]
-        rows.append(f"| {variant} | {r['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | {r['vs_baseline']:.3f}x |")
-    return "\n".join(rows)
+    return speed_rows(seconds, peers, "baseline")
 
 
 # ---------------------------------------------------------------- training
 
-def train_step(model: nn.Module, loss_of, tokens: torch.Tensor, device: Device):
-    """One closure: loss_of(inputs, targets) (train.py's next-token loss), backward, AdamW step on model."""
-    optimizer = make_optimizer(model, TRAIN)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-
-    def step():
-        with device.autocast():
-            loss = loss_of(inputs, targets)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return step
-
-
-def train_flops_per_token(model: Transformer, context: int) -> int:
-    cfg = model.cfg
-    n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    return 6 * n_matmul + 6 * cfg.n_layers * context * cfg.d_model
-
-
 # The training peers: this repo's own GPT-2 configuration of llama_tiny's sizes, and llama_tiny with one of its
 # components switched to that configuration's, so that what each LLaMA component costs is a row of its own.
-GPT2_SWITCHES = {"norm": "layernorm", "position": "learned", "attention": "mha", "ffn": "gelu"}
-
-
-def config_with(dims: dict, context: int, **switches) -> ModelConfig:
-    kv_heads = dims["n_heads"] if switches.get("attention") == "mha" else dims["n_kv_heads"]
-    return ModelConfig(**{**dims, "n_kv_heads": kv_heads}, context_length=context, **switches)
+GPT2_SWITCHES = ("norm=layernorm", "position=learned", "attention=mha", "ffn=gelu")
 
 
 def hf_gpt2(cfg: ModelConfig) -> nn.Module:
@@ -253,25 +299,31 @@ def hf_gpt2(cfg: ModelConfig) -> nn.Module:
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
 
-def bench_training(sizes: Sizes, repeats: int, device: Device) -> dict:
-    llama, hf_llama = build_pair(sizes.dims, sizes.context, device)
-    gpt2_cfg = config_with(sizes.dims, sizes.context, **GPT2_SWITCHES)
-    gpt2, compiled = Transformer(gpt2_cfg).to(device.name), copy.deepcopy(llama)  # a copy: its own optimizer
-    hf_gpt2_model = hf_gpt2(gpt2_cfg).to(device.name)
-    peers = {  # name: (model, its loss of (inputs, targets), the model whose nn.Linear weights count its FLOPs)
-        "llama_tiny": (llama, partial(next_token_loss, llama), llama),
+def training_peers(sizes: Sizes, device: Device) -> dict[str, Peer]:
+    """llama_tiny (as `python train.py <overrides>` builds it), its compiled twin, the GPT-2 configuration, the
+    transformers peers and the one-switch rows, each composed from the overrides as train.py composes them."""
+    settings, gpt2_settings = sizes.compose(), sizes.compose(*GPT2_SWITCHES)
+    llama, hf_llama = build_pair(model_config(settings), device)
+    gpt2 = Transformer(model_config(gpt2_settings)).to(device.name)
+    compiled, hf_gpt2_model = copy.deepcopy(llama), hf_gpt2(gpt2.cfg).to(device.name)  # a copy: its own optimizer
+    peers = {
+        "llama_tiny": peer(llama, settings, device),
         # as train.py compiles: the loss, forward and cross-entropy in one graph
-        "llama_tiny, train.compile=true": (compiled, partial(torch.compile(next_token_loss), compiled), llama),
-        "GPT-2 configuration": (gpt2, partial(next_token_loss, gpt2), gpt2),
-        "transformers LlamaForCausalLM": (hf_llama, partial(next_token_loss, lambda x: hf_llama(input_ids=x).logits),
-                                          llama),
-        "transformers GPT2LMHeadModel": (hf_gpt2_model, partial(next_token_loss,
-                                                                 lambda x: hf_gpt2_model(input_ids=x).logits), gpt2),
+        "llama_tiny, train.compile=true": peer(compiled, settings, device,
+                                               partial(torch.compile(next_token_loss), compiled), llama),
+        "GPT-2 configuration": peer(gpt2, gpt2_settings, device),
+        "transformers LlamaForCausalLM": peer(hf_llama, settings, device,
+                                              partial(next_token_loss, lambda x: hf_llama(input_ids=x).logits), llama),
+        "transformers GPT2LMHeadModel": peer(hf_gpt2_model, gpt2_settings, device,
+                                             partial(next_token_loss, lambda x: hf_gpt2_model(input_ids=x).logits),
+                                             gpt2),
     }
-    for group, option in GPT2_SWITCHES.items():
-        model = Transformer(config_with(sizes.dims, sizes.context, **{group: option})).to(device.name)
-        peers[f"llama_tiny {group}={option}"] = (model, partial(next_token_loss, model), model)
-    tokens = torch.randint(sizes.dims["vocab_size"], (sizes.batch_size, sizes.context + 1), device=device.name)
+    for switch in GPT2_SWITCHES:
+        peers[f"llama_tiny {switch}"] = our_peer(sizes.compose(switch), device)
+    return peers
+
+
+def bench_training(peers: dict[str, Peer], sizes: Sizes, repeats: int, device: Device) -> dict:
     dtype = torch.bfloat16 if device.cuda else torch.float32
     a, b = (torch.randn(sizes.peak_n, sizes.peak_n, device=device.name, dtype=dtype) for _ in range(2))
     product, matmul_seconds = torch.empty_like(a), []
@@ -283,27 +335,21 @@ def bench_training(sizes: Sizes, repeats: int, device: Device) -> dict:
             torch.matmul(a, b, out=product)
             device.sync()
             matmul_seconds.append(time.perf_counter() - start)
-    for model, _, _ in peers.values():
-        model.train()
-    steps = {name: train_step(model, loss_of, tokens, device) for name, (model, loss_of, _) in peers.items()}
+    for p in peers.values():
+        p.model.train()
+    steps = {name: partial(p.step, device) for name, p in peers.items()}
     seconds, _, warm_up_s = timed_alternately("training", steps | {"peak matmul": matmuls}, repeats, device)
-    tokens_per_step = sizes.batch_size * sizes.context
     peak = 2 * sizes.peak_n ** 3 / min(matmul_seconds)
-    rows = {}
-    for name, (_, _, counted) in peers.items():
-        tps, flops = tokens_per_step / statistics.median(seconds[name]), train_flops_per_token(counted, sizes.context)
-        rows[name] = {"tokens_per_s": tps, "tokens_per_s_range": [tokens_per_step / max(seconds[name]),
-                                                                  tokens_per_step / min(seconds[name])],
-                      "flops_per_token": flops, "mfu": flops * tps / peak, "step_s": seconds[name]}
-    base = rows["llama_tiny"]["tokens_per_s"]
-    for row in rows.values():
-        row["llama_tiny_ratio"] = base / row["tokens_per_s"]
-    compiled_tps = rows["llama_tiny, train.compile=true"]["tokens_per_s"]
+    rows = speed_rows(seconds, peers, "llama_tiny")
+    for name, row in rows.items():
+        row["flops_per_token"] = train_flops_per_token(peers[name].counted)
+        row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / peak
+    base, gpt2 = rows["llama_tiny"]["tokens_per_s"], rows["GPT-2 configuration"]["tokens_per_s"]
     return {"training": rows, "peak_gflops": peak / 1e9, "peak_matmul_s": matmul_seconds,
             "compiled_train_compile_s": warm_up_s["llama_tiny, train.compile=true"],  # compiling, then one step
-            "train_vs_gpt2": base / rows["GPT-2 configuration"]["tokens_per_s"],
+            "train_vs_gpt2": base / gpt2,
             "train_vs_hf_llama": base / rows["transformers LlamaForCausalLM"]["tokens_per_s"],
-            "compiled_train_vs_gpt2": compiled_tps / rows["GPT-2 configuration"]["tokens_per_s"]}
+            "compiled_train_vs_gpt2": rows["llama_tiny, train.compile=true"]["tokens_per_s"] / gpt2}
 
 
 # ---------------------------------------------------------------- decode and prefill
@@ -378,10 +424,10 @@ def memory_bandwidth(device: Device, megabytes: int = 256) -> float:
     return 2 * src.nbytes / best
 
 
-def bench_decode(sizes: Sizes, repeats: int, device: Device) -> tuple[dict, dict]:
-    ours, theirs = build_pair(sizes.dims, sizes.decode_context, device)
+def bench_decode(model: ModelConfig, sizes: Sizes, repeats: int, device: Device) -> tuple[dict, dict]:
+    ours, theirs = build_pair(replace(model, context_length=sizes.decode_context), device)
     ours.eval(), theirs.eval()
-    vocab, new = sizes.dims["vocab_size"], sizes.new_tokens
+    vocab, new = model.vocab_size, sizes.new_tokens
     # A batch-1 decode step reads every weight once: at the machine's bandwidth that caps its tokens/s.
     bandwidth = memory_bandwidth(device)
     weight_bytes = sum(p.nbytes for p in ours.parameters())
@@ -444,17 +490,12 @@ def machine(device: Device) -> str:
     return name + (f", {torch.cuda.get_device_name()}" if device.cuda else "")
 
 
-def training_table(r: dict, sizes: Sizes) -> str:
-    lines = [f"Training, {sizes.batch_size} x {sizes.context} tokens a step (fwd + bwd + AdamW). MFU = FLOPs per token x "
-             f"tokens/s / peak, FLOPs per token = 6 N_matmul + 6 L T d for every row, peak {r['peak_gflops']:.0f} "
-             f"GFLOP/s (the best {sizes.peak_n}^3 matmul)", "",
-             "| model | tokens/s (median) | min - max | MFLOP/token | MFU | llama_tiny / it |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for name, row in r["training"].items():
-        low, high = row["tokens_per_s_range"]
-        lines.append(f"| {name} | {row['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | "
-                     f"{row['flops_per_token'] / 1e6:.1f} | {row['mfu']:.1%} | {row['llama_tiny_ratio']:.3f}x |")
-    return "\n".join(lines)
+def training_table(r: dict, settings: DictConfig, sizes: Sizes) -> str:
+    header = (f"Training, {settings.train.batch_size} x {settings.model.context_length} tokens a step (fwd + bwd + "
+              f"AdamW). MFU = FLOPs per token x tokens/s / peak, FLOPs per token = 6 N_matmul + 6 L T d for every "
+              f"row, peak {r['peak_gflops']:.0f} GFLOP/s (the best {sizes.peak_n}^3 matmul)")
+    return header + "\n\n" + speed_table(r["training"], "model", "llama_tiny", {
+        "MFLOP/token": lambda row: f"{row['flops_per_token'] / 1e6:.1f}", "MFU": lambda row: f"{row['mfu']:.1%}"})
 
 
 def table(r: dict, sizes: Sizes) -> str:
@@ -512,27 +553,33 @@ def plot(curves: dict, path: Path, window: int = 32):
 def main(argv=None) -> int:
     try:
         args = parse_args(argv)
-        sizes = QUICK if args.quick else full_sizes(args.overrides)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    repeats = args.repeats or sizes.repeats
     device = Device(args.device)
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()  # generate's notes on unused sampling flags
     torch.manual_seed(0)
+    sizes = (quick_sizes if args.quick else full_sizes)(args.overrides)
+    try:  # every peer is built before the first measurement, so a bad setting costs no time
+        settings = sizes.compose()
+        peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device)
+    except UsageError as e:  # a bad override, a setting that builds no model, one transformers cannot mirror
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    repeats = args.repeats or sizes.repeats
     load_before = os.getloadavg()
     started = time.perf_counter()
     if args.ablation:
-        speeds = bench_ablation(repeats, device)
+        speeds = bench_ablation(peers, repeats, device)
         print(f"{machine(device)} | {torch.get_num_threads()} threads | load {load_before[0]:.1f} -> "
               f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - started:.0f} s | medians of {repeats}\n")
-        print(ablation_table(speeds))
+        print(speed_table(speeds, "variant", "baseline"))
         if args.json:
             write_json(args.json, speeds)
         return 0
-    results = bench_training(sizes, repeats, device)
-    decode, curves = bench_decode(sizes, repeats, device)
+    results = bench_training(peers, sizes, repeats, device)
+    decode, curves = bench_decode(model_config(settings), sizes, repeats, device)
     results |= decode
     results["targets_met"] = {key: results[key] >= goal for key, goal in TARGETS.items()}
     results |= {"threads": torch.get_num_threads(), "device": device.name,
@@ -540,11 +587,12 @@ def main(argv=None) -> int:
                 "transformers_version": transformers.__version__, "machine": machine(device),
                 "load_average_1min": {"start": load_before[0], "end": os.getloadavg()[0]},
                 "bench_seconds": time.perf_counter() - started, "quick": args.quick, "repeats": repeats,
-                "sizes": {k: v for k, v in vars(sizes).items() if k != "repeats"}}
+                "sizes": {k: v for k, v in vars(sizes).items() if k != "repeats"}
+                | {"batch_size": settings.train.batch_size, "model": model_config(settings).to_dict()}}
     print(f"{results['machine']} | {results['threads']} threads | {results['dtype']} | torch {torch.__version__} | "
           f"transformers {transformers.__version__} | load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f} | "
           f"{results['bench_seconds']:.0f} s | medians of {repeats}\n")
-    print(training_table(results, sizes) + "\n")
+    print(training_table(results, settings, sizes) + "\n")
     print(table(results, sizes))
     if args.json:
         write_json(args.json, results)

@@ -4,7 +4,8 @@
 
 The prompt is BOS followed by --prompt's tokens. The first sample streams to stdout as its tokens
 arrive; with --num-samples N > 1 each sample gets a `--- sample i ---` header and samples 2 .. N are
-printed once the batch is done. Afterwards stderr gets prompt tokens, generated tokens, prefill and
+printed once the batch is done; the prompt is prefilled once for all N (its KV cache copied to each
+sample's row). Afterwards stderr gets prompt tokens, generated tokens, prefill and
 decode tokens/s and the KV cache's bytes. Bad input: one `error: ...` line on stderr, exit 2.
 """
 import argparse
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"torch.compile of the decode step: {compiled_decoder(engine, args.num_samples):.1f} s", file=sys.stderr)
     prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
     samples = [list(prompt) for _ in range(args.num_samples)]
-    steps = engine.generate([prompt] * args.num_samples, args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                            use_cache=not args.no_kv_cache, eos_id=None if args.ignore_eos else tokenizer.eos_id)
+    steps = engine.generate([prompt], args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                            use_cache=not args.no_kv_cache, eos_id=None if args.ignore_eos else tokenizer.eos_id,
+                            num_samples=args.num_samples)
     if args.num_samples > 1:
         print("--- sample 1 ---")
     stream = TextStream(tokenizer)

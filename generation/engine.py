@@ -1,10 +1,12 @@
 """The one generation loop, shared by generate.py, training's samples and bench.py.
 
     prompts: [B, P] --prefill: one forward over the whole prompt--> logits [B, V] --sample--> ids [B]
+    (num_samples N > 1: the B prompts are prefilled once, at batch B, and their K/V and last logits are
+    copied to N rows each, so that sample j of prompt b is row b * N + j of a batch of B * N)
     then, per new token, either
       cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
       uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
-    cache k, v: [n_layers, B, n_kv_heads, max_len, head_dim], max_len = min(context_length, P + max_new_tokens - 1),
+    cache k, v: [n_layers, B * N, n_kv_heads, max_len, head_dim], max_len = min(context_length, P + max_new_tokens - 1),
     allocated once per generation and written in place (the last new token is never fed back).
 
 The cached one-token steps can go through a `decoder` the caller gives (e.g. torch.compile of the model,
@@ -16,7 +18,8 @@ smallest set of most likely tokens whose probability sum exceeds top_p (among eq
 lower token id ranks first). A seed gives a torch.Generator of its own, so one seed gives one text.
 
 Limits:
-- All prompts of a batch have the same length (generate.py repeats one prompt); there is no padding.
+- All prompts of a batch have the same length; there is no padding. generate.py's N samples of one
+  prompt are num_samples=N of a batch of one.
 - A prompt longer than context_length is cut from the left, keeping its last context_length tokens,
   with a warning on stderr.
 - When a new token would not fit in the context, the window slides: the last context_length // 2
@@ -95,7 +98,7 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
 class GenerationStats:
     """Counts of one run, over the whole batch. The decode clock covers sampling and every forward after
     the prefill (slides included), not the time the caller spends between two tokens."""
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # tokens prefilled: each prompt once, whatever num_samples
     generated_tokens: int = 0  # tokens of samples that had not ended, their EOS included
     prefill_s: float = 0.0
     decode_s: float = 0.0
@@ -126,10 +129,13 @@ class Engine:
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 use_cache: bool = True, eos_id: int | None = None):
-        """Yields the new token ids of every sample, a LongTensor [B], once per step. The arguments
-        are checked here, before the first token, so a bad one raises at the call."""
+                 use_cache: bool = True, eos_id: int | None = None, num_samples: int = 1):
+        """Yields the new token ids of every sample, a LongTensor [B * num_samples], once per step; prompt b's
+        samples are rows b * num_samples .. (b + 1) * num_samples - 1. The arguments are checked here,
+        before the first token, so a bad one raises at the call."""
         check_sampling(max_new_tokens, temperature, top_k, top_p)
+        if num_samples < 1:
+            raise ValueError(f"num_samples={num_samples} must be >= 1")
         if not prompts or not all(prompts):
             raise ValueError("every prompt needs at least one token, e.g. BOS")
         if len({len(p) for p in prompts}) > 1:
@@ -142,7 +148,7 @@ class Engine:
         device = self.model.tok_emb.weight.device
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
         pick = partial(sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        return self._run(torch.tensor(prompts, device=device), max_new_tokens, pick, use_cache, eos_id)
+        return self._run(torch.tensor(prompts, device=device), num_samples, max_new_tokens, pick, use_cache, eos_id)
 
     def complete(self, prompt: str, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = None,
                  seed: int | None = None) -> str:
@@ -155,23 +161,25 @@ class Engine:
         return self.tokenizer.decode(ids + new)
 
     @torch.inference_mode()
-    def _run(self, prompt: torch.Tensor, max_new_tokens: int, pick, use_cache: bool, eos_id: int | None):
+    def _run(self, prompt: torch.Tensor, num_samples: int, max_new_tokens: int, pick, use_cache: bool,
+             eos_id: int | None):
         model, context = self.model, self.model.cfg.context_length
-        batch, prompt_len = prompt.shape
+        prompt_len = prompt.shape[1]
+        batch = prompt.shape[0] * num_samples
         keep = max(1, context // 2)  # tokens kept when the window slides
         # The tokens the model sees, at positions 0 .. n - 1; the spare slot holds the token that overflows it.
         window = torch.empty(batch, context + 1, dtype=torch.long, device=prompt.device)
-        window[:, :prompt_len] = prompt
+        window[:, :prompt_len] = prompt.repeat_interleave(num_samples, dim=0)
         n = prompt_len
         cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1)) if use_cache else None
-        self.stats = stats = GenerationStats(prompt_tokens=batch * prompt_len,
+        self.stats = stats = GenerationStats(prompt_tokens=prompt.numel(),
                                              cache_bytes=cache.nbytes if cache is not None else 0)
         ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
         was_training = model.training
         model.eval()
         try:
             clock = time.perf_counter()
-            logits = self._forward(window[:, :n], 0, cache)
+            logits = self._prefill(prompt, num_samples, cache)
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
             for step in range(max_new_tokens):
@@ -201,6 +209,17 @@ class Engine:
         finally:
             model.train(was_training)
 
+    def _prefill(self, prompt: torch.Tensor, num_samples: int, cache: KVCache | None) -> torch.Tensor:
+        """One forward of the prompts [B, P] at batch B -> the last logits of every sample, [B * num_samples, V];
+        the cache's rows of prompt b's samples get its K/V at positions 0 .. P - 1."""
+        if num_samples == 1:
+            return self._forward(prompt, 0, cache)
+        once = None if cache is None else self.model.new_kv_cache(*prompt.shape, dtype=cache.k.dtype)
+        logits = self._forward(prompt, 0, once)
+        if cache is not None:
+            cache.fill_prefix(once, repeats=num_samples)
+        return logits.repeat_interleave(num_samples, dim=0)
+
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:
         """tokens [B, T] at positions start .. start + T - 1 -> logits of the last one, [B, V];
         model: the model (default) or the decoder."""
@@ -220,6 +239,6 @@ def compiled_decoder(engine: Engine, batch: int) -> float:
     clock = time.perf_counter()
     # Positions 1, 2 and 3: torch.compile specialises an integer equal to 1, so position 1 (after a
     # one-token prompt) has a graph of its own, and the last step fills the cache exactly.
-    for _ in engine.generate([[0]] * batch, 4, temperature=0):
+    for _ in engine.generate([[0]], 4, temperature=0, num_samples=batch):
         pass
     return time.perf_counter() - clock

@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch import nn
 
 import bench
+from sweep import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 THROUGHPUTS = ["decode_tokens_per_s", "hf_decode_tokens_per_s", "decode_b2_tokens_per_s", "hf_decode_b2_tokens_per_s",
@@ -76,10 +79,61 @@ def test_quick_run_writes_every_figure(tmp_path):
     (["--json", "no/such/dir/out.json"], "error: --json=no/such/dir/out.json: directory no/such/dir does not exist"),
     (["model.d_model=abc"], "error: Error merging override model.d_model=abc: Value 'abc' of type 'str' could not be "
                             "converted to Integer"),
+    (["model.n_heads=3"], "error: model.n_heads=3 must divide model.d_model=128"),
+    (["train.lr=-1"], "error: train.lr=-1.0 must be a positive number"),
 ])
 def test_bad_flags_stop_before_measuring(argv, message, capsys):
     assert bench.main(argv) == 2
     assert capsys.readouterr().err.strip() == message
+
+
+OVERRIDES = ["model.norm_eps=1e-3", "train.lr=0.0123", "train.betas=[0.8,0.9]"]
+
+
+def norm_eps_of(model: nn.Module) -> set[float]:
+    """The eps of every norm layer, ours (model/norms.py), transformers' LLaMA's and GPT-2's."""
+    return {getattr(m, "eps", getattr(m, "variance_epsilon", None)) for m in model.modules()
+            if "Norm" in type(m).__name__}
+
+
+def assert_settings_reached(peer: bench.Peer) -> None:
+    assert norm_eps_of(peer.model) == {1e-3}
+    assert [(g["lr"], g["betas"]) for g in peer.optimizer.param_groups] == [(0.0123, (0.8, 0.9))] * 2
+
+
+def test_training_peers_are_built_from_every_override():
+    peers = bench.training_peers(bench.quick_sizes(OVERRIDES), bench.Device("cpu"))
+    assert list(peers) == PEERS
+    for name, peer in peers.items():
+        assert_settings_reached(peer)
+        assert peer.tokens.shape == (2, 33), name  # the quick train.batch_size, its context + 1
+    assert peers["llama_tiny"].model.cfg.norm_eps == 1e-3
+    # the GPT-2 configuration's K/V heads come from configs/attention/mha.yaml: one per query head
+    assert (peers["llama_tiny"].model.cfg.n_kv_heads, peers["GPT-2 configuration"].model.cfg.n_kv_heads) == (2, 4)
+    assert peers["llama_tiny attention=mha"].model.cfg.n_kv_heads == 4
+    assert bench.training_peers(bench.quick_sizes([]), bench.Device("cpu"))["llama_tiny"].optimizer.param_groups[0][
+        "lr"] == 2.5e-3  # without the override: configs/config.yaml's
+
+
+def test_ablation_peers_are_built_from_every_override():
+    peers = bench.ablation_peers(bench.quick_sizes(OVERRIDES), bench.Device("cpu"))
+    assert list(peers) == list(VARIANTS)
+    for peer in peers.values():
+        assert_settings_reached(peer)  # train.lr beats each variant's own learning rate
+    assert peers["transformer2017"].model.cfg.embedding_scale == "transformer2017"
+
+
+def test_speed_rows_run_one_way():
+    peers = {name: bench.Peer(None, None, None, None, torch.zeros(2, 11)) for name in ("base", "fast", "slow")}
+    rows = bench.speed_rows({"base": [1.0, 2.0, 3.0], "fast": [1.0], "slow": [4.0, 4.0]}, peers, "base")
+    assert rows["base"]["tokens_per_s"] == 10.0 and rows["base"]["tokens_per_s_range"] == [20 / 3, 20.0]
+    assert [rows[name]["vs_baseline"] for name in peers] == [1.0, 2.0, 0.5]  # faster than the baseline: above 1
+    table = bench.speed_table(rows, "model", "base", {"step s": lambda row: f"{row['step_s'][0]:.1f}"})
+    assert table.splitlines() == ["| model | training tokens/s (median) | min - max | step s | vs base |",
+                                  "|---|---:|---:|---:|---:|",
+                                  "| base | 10 | 7 - 20 | 1.0 | 1.000x |",
+                                  "| fast | 20 | 20 - 20 | 1.0 | 2.000x |",
+                                  "| slow | 5 | 5 - 5 | 4.0 | 0.500x |"]
 
 
 def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
@@ -88,7 +142,7 @@ def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     speeds = json.loads(out.read_text())
-    assert list(speeds) == ["baseline", "layernorm", "postnorm", "sinusoidal", "mha", "relu", "transformer2017"]
+    assert list(speeds) == list(VARIANTS)
     assert speeds["baseline"]["vs_baseline"] == 1.0
     for variant, r in speeds.items():
         low, high = r["tokens_per_s_range"]

@@ -22,15 +22,15 @@ from storage.checkpoint import save_checkpoint
 from weights import far_from_init
 
 REPO = Path(__file__).resolve().parents[1]
-KV_HEADS = {"mha": 4, "gqa": 2, "mqa": 1}  # with n_heads = 4
+KV_HEADS = (4, 2, 1)  # of n_heads = 4: one K/V head per query head, two groups, one shared head
 COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS))
 
 
-def random_model(seed=0, norm="rmsnorm", norm_position="pre", position="rope", attention="gqa", ffn="swiglu",
+def random_model(seed=0, norm="rmsnorm", norm_position="pre", position="rope", n_kv_heads=2, ffn="swiglu",
                  vocab_size=64, context_length=32) -> Transformer:
     """A tiny model of these switches, its weights far from init (greedy picks decided by clear margins)."""
     return far_from_init(Transformer(ModelConfig(
-        vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=KV_HEADS[attention],
+        vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
         context_length=context_length, norm=norm, norm_position=norm_position, position=position, ffn=ffn)), seed)
 
 
@@ -53,10 +53,10 @@ def greedy(model, prompts, max_new_tokens, use_cache, **kwargs):
     return torch.stack(list(steps), dim=1).tolist(), engine
 
 
-@pytest.mark.parametrize("norm,norm_position,position,attention,ffn", COMBINATIONS)
-def test_cache_equals_recomputation(norm, norm_position, position, attention, ffn):
-    model = random_model(COMBINATIONS.index((norm, norm_position, position, attention, ffn)),
-                         norm, norm_position, position, attention, ffn).double()
+@pytest.mark.parametrize("norm,norm_position,position,n_kv_heads,ffn", COMBINATIONS)
+def test_cache_equals_recomputation(norm, norm_position, position, n_kv_heads, ffn):
+    model = random_model(COMBINATIONS.index((norm, norm_position, position, n_kv_heads, ffn)),
+                         norm, norm_position, position, n_kv_heads, ffn).double()
     prompts = [[1, 5, 9, 13, 17], [2, 40, 3, 63, 7]]
     cached, with_cache = greedy(model, prompts, 6, use_cache=True)
     recomputed, without_cache = greedy(model, prompts, 6, use_cache=False)
@@ -72,7 +72,7 @@ def test_cache_equals_recomputation(norm, norm_position, position, attention, ff
 
 
 def test_cache_bytes_and_projection_counts():
-    model = random_model(attention="gqa")  # 2 K/V heads of 8 dims, 2 layers
+    model = random_model(n_kv_heads=2)  # 2 K/V heads of 8 dims, 2 layers
     engine = RecordingEngine(model)
     list(engine.generate([[1, 2, 3]] * 4, 5, temperature=0))
     # max_len = prompt + new tokens - 1 = 7 positions; fp32
@@ -85,6 +85,42 @@ def test_cache_bytes_and_projection_counts():
     uncached = sum(n for _, n, _ in uncached_engine.forwards)
     assert (uncached, cached) == kv_projections(5, prompt_tokens=3) == (25, 7)
     assert uncached_engine.stats.cache_bytes == 0
+
+
+def test_n_samples_prefill_once_and_equal_n_prefilled_rows():
+    """num_samples=4 prefills the prompt at batch 1 and copies it; 4 identical rows prefilled together are the
+    reference. Same seed: the same tokens, and every forward's logits equal. float64: the batch-1 and the
+    batch-4 prefill multiply in other orders, which rounds at ~1e-15 of logits of up to ~10, far below 1e-10."""
+    model = random_model(n_kv_heads=2).double()
+    prompt, settings = [1, 5, 9, 13, 17], dict(temperature=1.0, top_k=20, seed=3)
+    once, rows = RecordingEngine(model), RecordingEngine(model)
+    shared = torch.stack(list(once.generate([prompt], 12, num_samples=4, **settings)), dim=1)
+    separate = torch.stack(list(rows.generate([prompt] * 4, 12, **settings)), dim=1)
+    assert shared.tolist() == separate.tolist()
+    assert len({tuple(row) for row in shared.tolist()}) == 4  # four different samples, not one copied
+    prefill, (_, _, reference) = once.forwards[0], rows.forwards[0]
+    assert prefill[:2] == (0, 5) and prefill[2].shape == (1, model.cfg.vocab_size)  # one row prefilled
+    torch.testing.assert_close(prefill[2].expand(4, -1), reference, rtol=1e-10, atol=1e-10)
+    for (*_, a), (*_, b) in zip(once.forwards[1:], rows.forwards[1:]):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    assert (once.stats.prompt_tokens, rows.stats.prompt_tokens) == (5, 20)
+    assert once.stats.cache_bytes == rows.stats.cache_bytes
+
+
+def test_one_prefill_fills_the_cache_rows_of_every_sample():
+    """Two prompts x 3 samples: rows 0-2 hold prompt 0's K/V, rows 3-5 prompt 1's, as a batch-6 prefill of the
+    repeated rows writes them; the positions after the prompt stay empty. float64, as above."""
+    model = random_model(n_kv_heads=1).double()
+    prompts = torch.tensor([[1, 5, 9, 13, 17], [2, 40, 3, 63, 7]])
+    shared, reference = model.new_kv_cache(6, 8), model.new_kv_cache(6, 8)
+    with torch.inference_mode():
+        logits = Engine(model)._prefill(prompts, 3, shared)
+        expected = model(prompts.repeat_interleave(3, dim=0), 0, reference, last_only=True)[:, -1]
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(shared.k, reference.k, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(shared.v, reference.v, rtol=1e-10, atol=1e-10)
+    assert shared.k[:, :, :, 5:].abs().sum() == 0
+    assert not torch.equal(shared.k[:, 0], shared.k[:, 3])  # the two prompts' rows differ
 
 
 def test_window_slides_when_the_context_is_full():
