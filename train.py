@@ -7,6 +7,8 @@
     python train.py -m train.lr=1e-3,3e-3                  # a multirun: one dir per job (training/multirun.py)
     torchrun --nproc_per_node=4 train.py train.batch_size=64
 
+train() reads top-down: the settings, the data, the model and optimizer, the loop (each step's lr, forward and
+backward, update, metrics, eval, sample, checkpoint), the summary; its helpers live in training/.
 Outputs go to the Hydra run dir: ckpt/ (weights, model config, tokenizer, train_state.pt),
 metrics.jsonl, config.yaml (resolved), summary.json and wandb/.
 Exit codes: 0 done; 1 the loss went NaN/inf; 2 a bad setting, data or checkpoint, or a lost DDP process

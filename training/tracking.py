@@ -1,4 +1,5 @@
-"""What a run reports, on disk and to W&B: one Tracker, so both always get the same numbers.
+"""What a run reports, on disk and to W&B: one Tracker, so both always get the same numbers (its evals and
+samples go to the screen too, and its last line says how the run ended).
 
     run_dir/metrics.jsonl   one JSON object per logged step, appended and flushed line by line
     run_dir/summary.json    num_params, kv_cache_bytes_per_token, vocab_size, name from the start;
