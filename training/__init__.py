@@ -4,9 +4,12 @@ config.py       train.* range checks, gradient accumulation arithmetic, device a
 optim.py        AdamW parameter groups (which parameters decay) and the lr schedule
 evaluate.py     the next-token loss; val loss, perplexity and bits per byte
 state.py        resumable checkpoints (train_state.pt) and the per-step batch generator
+budget.py       train.time_budget: the duration, the reserve for the run's end, the last step that fits
+horizon.py      the limits that end a run (train.max_steps, train.time_budget): each step's lr, the last step
 tracking.py     metrics.jsonl, summary.json and W&B, fed the same numbers
 distributed.py  torchrun/DDP set-up and the per-step agreement between processes
 signals.py      SIGINT/SIGTERM: stop after the current step, checkpoint, exit 130/143
+endings.py      how a run ends: at its horizon, or early (a signal, a divergence, a lost process), each with its line
 run_lock.py     one writer per run dir: an fcntl lock the OS releases when the process dies
 diagnostics.py  train.diagnostics=true: per-layer stream/branch rms, position cosine, attention entropy, grad norms
 """

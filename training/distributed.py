@@ -4,11 +4,14 @@ torchrun sets RANK, LOCAL_RANK and WORLD_SIZE; without them this is a single pro
 processes talk over gloo, CUDA ones over nccl, one GPU per process (cuda:LOCAL_RANK).
 """
 import os
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass
@@ -35,6 +38,19 @@ def setup_distributed(device: torch.device) -> Distributed:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return Distributed(dist.get_rank(), dist.get_world_size(), device)
+
+
+def data_parallel(ddp: Distributed, model: nn.Module) -> nn.Module:
+    """The model to train: in DDP, wrapped so that backward averages the gradients over the processes."""
+    if ddp.world_size == 1:
+        return model
+    return DistributedDataParallel(model, device_ids=[ddp.device.index] if ddp.device.type == "cuda" else None)
+
+
+def syncing(ddp: Distributed, model: nn.Module, last_micro_batch: bool) -> AbstractContextManager:
+    """DDP all-reduces the gradients in backward: only the last micro-batch of a step needs to, the ones
+    before it accumulate locally."""
+    return nullcontext() if ddp.world_size == 1 or last_micro_batch else model.no_sync()
 
 
 def teardown_distributed(ddp: Distributed) -> None:
@@ -88,7 +104,7 @@ def lost_process_line(ddp: Distributed, err: Exception, step: int, run_dir) -> s
             f"(torchrun --max-restarts=N does that by itself)")
 
 
-def from_master(ddp: Distributed, values: list[float]) -> list[float]:
+def from_master(ddp: Distributed, values: Sequence[float]) -> Sequence[float]:
     """Rank 0's values on every process: what a time budget decides from rank 0's clock (this step's
     lr, whether it is the last) must be the same decision everywhere."""
     if ddp.world_size == 1:

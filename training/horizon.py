@@ -16,7 +16,10 @@ import math
 import time
 from contextlib import contextmanager
 
-from training.budget import TimeBudget
+from omegaconf import DictConfig
+
+from training.budget import TimeBudget, parse_duration
+from training.optim import lr_at
 
 
 class Horizon:
@@ -24,6 +27,15 @@ class Horizon:
         self.max_steps = max_steps or math.inf
         self.schedule_steps = schedule_steps
         self.budget = budget
+
+    @classmethod
+    def of(cls, train: DictConfig, eval_sequences: int, num_params: int) -> "Horizon":
+        """The run's horizon by train.max_steps, train.lr_decay_steps and train.time_budget. eval_sequences: the
+        sequences an eval scores over all processes, which cost about half a training step per batch_size of them."""
+        seconds = parse_duration(train.time_budget)
+        eval_per_step = eval_sequences / train.batch_size / 2
+        budget = TimeBudget(seconds, train.sample_tokens, eval_per_step, num_params) if seconds else None
+        return cls(train.max_steps, train.lr_decay_steps, budget)
 
     def describe(self) -> str:
         """Which limits end the run and drive its schedule, for its first lines."""
@@ -48,6 +60,10 @@ class Horizon:
     def budget_ends_after(self, elapsed: float) -> bool:
         return self.budget is not None and self.budget.is_last_step(elapsed)
 
+    def plan(self, step: int, elapsed: float, step_s: float, train: DictConfig) -> tuple[float, bool]:
+        """The lr of the step in progress and whether it is the run's last, from one reading of its time."""
+        return lr_at(*self.position(step, elapsed, step_s), train), self.is_last(step, elapsed)
+
     def position(self, step: int, elapsed: float, step_s: float) -> tuple[float, float]:
         """(f, s) of the step in progress, step_s its time so far (the lr is needed only by the update)."""
         if self.budget_ends_after(elapsed):
@@ -63,15 +79,34 @@ class Horizon:
         """For summary.json: the steps, the budget's share spent and, for a run that completed, which limit ended it."""
         record = {"steps": step}
         if self.budget is not None:
-            record |= {"time_budget_s": self.budget.seconds, "budget_fraction": elapsed / self.budget.seconds}
+            record |= {"time_budget_s": self.budget.seconds, **self.budget_fraction(elapsed)}
         if completed:
             record["ended_by"] = "max_steps" if step >= self.max_steps else "time_budget"
         return record
+
+    def budget_fraction(self, elapsed: float) -> dict:
+        """The budget's share spent, for a metrics line: nothing for a run without a budget."""
+        return {} if self.budget is None else {"budget_fraction": elapsed / self.budget.seconds}
+
+    def record(self, what: str, seconds: float) -> None:
+        """The time a step, an eval, a sample or a checkpoint took, for the budget's reserve."""
+        if self.budget is not None:
+            self.budget.record(what, seconds)
 
     @contextmanager
     def timed(self, what: str):
         """Times an eval, a sample or a checkpoint, for the budget's reserve."""
         started = time.perf_counter()
         yield
-        if self.budget is not None:
-            self.budget.record(what, time.perf_counter() - started)
+        self.record(what, time.perf_counter() - started)
+
+
+class Clock:
+    """The training time over every session: what the checkpoint resumed from had counted, plus this
+    session's time since the clock started. Calling it reads it."""
+
+    def __init__(self, elapsed_before: float):
+        self.elapsed_before, self.started = elapsed_before, time.perf_counter()
+
+    def __call__(self) -> float:
+        return self.elapsed_before + time.perf_counter() - self.started

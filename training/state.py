@@ -9,6 +9,8 @@ the scheduler state and the data position. The torch RNG states cover dropout. E
 tensors and plain Python values, read back with torch.load(weights_only=True): no pickle.
 """
 import io
+import math
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,7 +32,11 @@ class Progress:
     elapsed_s: float = 0.0  # wall time of the training so far, over every resume
     best_val_loss: float | None = None
     last_val: dict = field(default_factory=dict)  # val_loss, val_bpb, val_ppl of the latest eval
-    wandb_id: str = ""  # a resumed run continues the same W&B run
+    wandb_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # a resumed run continues its W&B run
+
+    def record_eval(self, val: dict) -> None:
+        self.last_val = val
+        self.best_val_loss = min(val["val_loss"], self.best_val_loss or math.inf)
 
 
 def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
@@ -58,6 +64,21 @@ def save_training_checkpoint(ckpt_dir: Path, model: Transformer, tokenizer_file:
     torch.save(state, buffer)  # to memory first: torch's own file writer turns a full disk into a RuntimeError
     save_checkpoint(ckpt_dir, model, tokenizer_file,
                     write_extra=lambda tmp: write_bytes(tmp / STATE_FILE, buffer.getbuffer()))
+
+
+class RunCheckpoint:
+    """The run dir's ckpt/ as training goes: saved from the live model, optimizer and progress, and the step
+    it holds (None until the first save of a fresh run)."""
+
+    def __init__(self, ckpt_dir: Path, model: Transformer, tokenizer_file: Path, optimizer: torch.optim.Optimizer,
+                 progress: Progress, resumed: bool):
+        self.dir, self.model, self.tokenizer_file, self.optimizer = ckpt_dir, model, tokenizer_file, optimizer
+        self.progress = progress
+        self.step = progress.step if resumed else None
+
+    def save(self) -> None:
+        save_training_checkpoint(self.dir, self.model, self.tokenizer_file, self.optimizer, self.progress)
+        self.step = self.progress.step
 
 
 def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,

@@ -1,4 +1,5 @@
-"""What a run reports, on disk and to W&B: one Tracker, so both always get the same numbers.
+"""What a run reports, on disk and to W&B: one Tracker, so both always get the same numbers (its evals and
+samples go to the screen too, and its last line says how the run ended).
 
     run_dir/metrics.jsonl   one JSON object per logged step, appended and flushed line by line
     run_dir/summary.json    num_params, kv_cache_bytes_per_token, vocab_size, name from the start;
@@ -12,16 +13,18 @@ machine without an account never blocks on a login prompt.
 import json
 import netrc
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from errors import ConfigError
 from settings import CONFIG_DIR
-from storage.files import atomic_write, write_json
+from storage.files import atomic_symlink, atomic_write, write_json
 
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -74,8 +77,8 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 
 def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progress, resumed: bool, model,
                    data, eval_tokens: int) -> "Tracker":
-    """Writes the run's resolved config.yaml (saying so when a resume changes the batch size) and opens its
-    metrics, summary and W&B run."""
+    """Writes the run's resolved config.yaml (saying so when a resume changes the batch size), opens its
+    metrics, summary and W&B run, and points cfg.latest_link at the run dir."""
     config_file = run_dir / "config.yaml"
     if resumed and config_file.exists():
         before = OmegaConf.load(config_file).train.batch_size
@@ -84,11 +87,14 @@ def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progres
                   f"trained at {before} (the schedule goes on by step and time, the token count by the new size)")
     OmegaConf.save(cfg, config_file, resolve=True)
     group = cfg.wandb.group or (HydraConfig.get().sweep.dir if HydraConfig.get().mode == RunMode.MULTIRUN else None)
-    return Tracker(run_dir, cfg, mode, name, group, progress.wandb_id,
-                   summary={"num_params": model.num_params(), "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(),
-                            "vocab_size": model.cfg.vocab_size, "name": name, "eval_tokens": eval_tokens,
-                            "unigram_val_bpb": data.unigram_val_bpb},
-                   resume_step=progress.step if resumed else None)
+    tracker = Tracker(run_dir, cfg, mode, name, group, progress.wandb_id,
+                      summary={"num_params": model.num_params(), "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(),
+                               "vocab_size": model.cfg.vocab_size, "name": name, "eval_tokens": eval_tokens,
+                               "unigram_val_bpb": data.unigram_val_bpb},
+                      resume_step=progress.step if resumed else None)
+    if cfg.latest_link:
+        atomic_symlink(Path(cfg.latest_link).expanduser(), run_dir)
+    return tracker
 
 
 class Throughput:
@@ -141,7 +147,9 @@ def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per
 class Tracker:
     def __init__(self, run_dir: Path, cfg: DictConfig, mode: str, name: str, group: str | None, wandb_id: str,
                  summary: dict, resume_step: int | None):
-        self.run_dir, self.summary = run_dir, summary
+        self.run_dir, self.name, self.summary = run_dir, name, summary
+        self.reference_tokens_per_s = cfg.train.reference_tokens_per_s
+        self.last_record = {}  # the latest metrics line, the base of the final summary
         write_json(run_dir / "summary.json", summary)
         metrics = run_dir / "metrics.jsonl"
         if resume_step is not None:
@@ -159,20 +167,33 @@ class Tracker:
             self.samples = wandb.Table(columns=["step", "sample"], log_mode="INCREMENTAL")
 
     def log(self, record: dict) -> None:
+        self.last_record = record
         self.metrics.write(json.dumps(record) + "\n")
         self.metrics.flush()
         if self.wandb_run is not None:
             self.wandb_run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
+    def show_eval(self, step: int, val: dict) -> None:
+        """On screen only: metrics.jsonl and W&B get the eval in the step's metrics line."""
+        tqdm.write(f"step {step}: val loss {val['val_loss']:.4f} | bpb {val['val_bpb']:.4f} | ppl {val['val_ppl']:.1f}")
+
     def log_sample(self, step: int, text: str) -> None:
+        tqdm.write(f"---- sample at step {step} ----\n{text}\n----")
         if self.wandb_run is not None:
             self.samples.add_data(step, text)
             self.wandb_run.log({"samples": self.samples}, step=step)
 
-    def finish(self, final: dict) -> None:
+    def finish(self, progress, meter: Throughput, setup_s: float, horizon: dict, stop_reason: str,
+               early_line: str | None) -> None:
+        """summary.json's final metrics (the latest metrics line's, the best eval, the session's throughput, the
+        horizon's summary, why the run stopped), then the run's last line: why it stopped early, or what it did."""
+        final = {**self.last_record, **progress.last_val, "best_val_loss": progress.best_val_loss, **meter.summary(),
+                 "tokens": progress.tokens, "elapsed_s": progress.elapsed_s, "setup_s": setup_s, **horizon,
+                 "stop_reason": stop_reason}
         self.summary.update(final)
         write_json(self.run_dir / "summary.json", self.summary)
         self.metrics.close()
         if self.wandb_run is not None:
             self.wandb_run.summary.update(final)
             self.wandb_run.finish()
+        print(early_line or end_of_run_line(self.name, progress, meter, self.reference_tokens_per_s), file=sys.stderr)
