@@ -37,12 +37,12 @@ from model.transformer import Transformer
 from settings import check_command_line
 from training.config import autocast_for, check_train_config, eval_window_count, model_config, resolve_device
 from training.diagnostics import layer_stats
-from training.distributed import (data_parallel, from_master, lost_a_process, master_first, mean_over_processes,
-                                  setup_distributed, syncing, teardown_distributed, world_size)
+from training.distributed import (data_parallel, from_master, master_first, mean_over_processes, setup_distributed,
+                                  syncing, teardown_distributed, world_size)
 from training.endings import RunEnded, process_lost, stop_if_diverged, stop_if_signalled
 from training.evaluate import evaluate, next_token_loss
 from training.horizon import Clock, Horizon
-from training.optim import make_optimizer
+from training.optim import make_optimizer, set_lr
 from training.run_lock import run_dir_lock
 from training.signals import StopRequest
 from training.state import Progress, RunCheckpoint, checkpoint_to_resume, resume_training, step_generator
@@ -141,16 +141,13 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
             train_loss = mean_over_processes(ddp, loss_sum / accum_steps)
             # by rank 0's clock, so that every process takes the same lr and stops at the same step
             lr, last = from_master(ddp, horizon.plan(progress.step, started, clock() - started, tcfg))
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = lr
+            set_lr(optimizer, lr)
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip or math.inf).item()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stop_if_diverged(train_loss, grad_norm, raw_model, progress.step + 1, tcfg.lr, checkpoint)
-            progress.step += 1
-            progress.tokens += tcfg.batch_size * T
             step_s = clock() - started
-            progress.elapsed_s = started + step_s
+            progress.advance(tcfg.batch_size * T, elapsed_s=started + step_s)
             meter.add(step_s)
             horizon.record("step", step_s)
             if ddp.master:  # -------- rank 0: progress bar, eval, metrics, samples, checkpoints
@@ -161,8 +158,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
                     with horizon.timed("eval"):  # train.diagnostics: per-layer stats on the first val batch too
                         val = evaluate(raw_model, val_batches, autocast, data.bytes_per_token["val"]) | (
                             layer_stats(raw_model, *val_batches[0]) if tcfg.diagnostics else {})
-                    progress.record_eval(val)
-                    tracker.show_eval(progress.step, val)
+                    tracker.show_eval(progress.step, progress.record_eval(val))
                 if val or last or progress.step % tcfg.log_interval == 0:
                     tracker.log({"step": progress.step, "tokens": progress.tokens, "train_loss": train_loss, "lr": lr,
                                  "grad_norm": grad_norm, "tokens_per_s": meter.window_rate(),
@@ -182,8 +178,6 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     except RunEnded as early:
         ending = early
     except RuntimeError as e:  # a peer process died: its gradients never came, the weights are the last step's
-        if not lost_a_process(ddp, e):
-            raise
         ending = process_lost(ddp, e, progress.step, run_dir)
     if ddp.master and ending.exit_code > 1 and checkpoint.step != progress.step:  # a signal or a lost process
         checkpoint.save()

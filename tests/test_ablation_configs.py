@@ -28,7 +28,11 @@ SWITCHES = {
     "relu": {"ffn": "relu"},
     "transformer2017": {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal",
                         "attention": "mha", "n_kv_heads": 8, "ffn": "relu", "embedding_scale": "transformer2017"},
+    "learned": {"position": "learned"},
+    "nope": {"position": "none"},
+    "sinusoidal2017": {"position": "sinusoidal", "embedding_scale": "transformer2017"},
 }
+PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
 
 
 @functools.cache  # each point is composed once per session, however many tests read it
@@ -104,7 +108,18 @@ def test_seeds_of_a_variant_are_one_group_for_compare_and_variants_are_not():
     assert sorted(len(variants) for variants in keys.values()) == [1] * len(SWITCHES)
 
 
-@pytest.mark.parametrize("variant", SWITCHES)
+def test_every_ablation_config_is_a_variant_or_a_probe_line():
+    assert sorted(p.stem for p in (CONFIG_DIR / "ablation").glob("*.yaml")) == sorted({**SWITCHES, **PROBES})
+
+
+@pytest.mark.parametrize("variant", PROBES)
+def test_a_probe_line_differs_from_the_baseline_in_its_switches_only(variant):
+    config, _ = compose_run("+experiment=ablation", f"ablation={variant}")
+    baseline, _ = compose_run("+experiment=ablation", "ablation=baseline", "train.seed=0")
+    assert {k: v for k, v in config["model"].items() if v != baseline["model"][k]} == PROBES[variant]
+
+
+@pytest.mark.parametrize("variant", {**SWITCHES, **PROBES})
 def test_each_variant_trains_at_the_learning_rate_the_study_chose_for_it(variant):
     config, _ = compose_run("+experiment=ablation", f"ablation={variant}")
     assert config["train"]["lr"] == pytest.approx(STUDY[variant]["best_lr"])

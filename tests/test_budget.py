@@ -110,7 +110,8 @@ def test_the_budget_reserves_the_end_and_names_the_last_step():
     assert not budget.is_last_step(94.0) and budget.is_last_step(94.5) and not budget.spent(94.5)
     assert budget.spent(95.5)
     horizon = Horizon(None, None, budget)
-    assert horizon.position(48.125, 48.125, 0.9625) == pytest.approx((0.5, 0.01))
+    # the schedule's fraction is of the whole budget, not of for_steps, whose estimate moves as costs are measured
+    assert horizon.position(50, 50.0, 1.0) == pytest.approx((0.5, 0.01))
     assert horizon.position(94, 94.5, 0.5) == (1.0, 0.0)  # the last step runs at the floor
 
 
@@ -158,8 +159,9 @@ def test_a_resumed_budgeted_run_ends_when_the_whole_budget_is_spent(resumed):
     assert BUDGET_S - MARGIN_S < result["elapsed_s"] <= BUDGET_S + MARGIN_S
     assert [m["step"] for m in lines] == sorted({m["step"] for m in lines})  # one line per step, no gap in order
     assert lines[-1]["lr"] == OmegaConf.load(CONFIG_DIR / "config.yaml").train.min_lr
-    decaying = [m["lr"] for m in lines if m["budget_fraction"] > 0.15]  # past the warm-up, across the resume
-    assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(decaying, decaying[1:]))
+    lrs = [m["lr"] for m in lines]
+    decaying = lrs[lrs.index(max(lrs)):]  # from the peak on, across the resume: one cosine, never rising again
+    assert len(decaying) > 3 and all(later <= earlier * (1 + 1e-9) for earlier, later in zip(decaying, decaying[1:]))
 
 
 def test_max_steps_under_the_default_budget_logs_the_step_schedule(workdir, tiny):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from torch import nn
 
-from training.distributed import Distributed, agree_on_signal, lost_process_line
+from training.distributed import Distributed, agree_on_signal, lost_a_process, lost_process_line
 from training.evaluate import divergence
 from training.state import RunCheckpoint
 
@@ -48,6 +48,9 @@ def stop_if_diverged(train_loss: float, grad_norm: float, model: nn.Module, step
 
 
 def process_lost(ddp: Distributed, err: RuntimeError, step: int, run_dir: Path) -> RunEnded:
-    """A collective failed because a peer process died (training/distributed.py's lost_a_process)."""
+    """A collective failed because a peer process died (training/distributed.py's lost_a_process); any other
+    RuntimeError is a bug and goes on up."""
+    if not lost_a_process(ddp, err):
+        raise err
     return RunEnded(f"lost a process after step {step}", 2, lost_process_line(ddp, err, step, run_dir),
                     process_lost=True)

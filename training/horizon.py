@@ -72,8 +72,10 @@ class Horizon:
         if self.schedule_steps is not None:
             candidates.append((step / self.schedule_steps, 1 / self.schedule_steps))
         if self.budget is not None:
-            candidates.append((elapsed / self.budget.for_steps, step_s / self.budget.for_steps))
-        return max(candidates)
+            candidates.append((elapsed / self.budget.seconds, step_s / self.budget.seconds))
+        # the limit nearer its end once this step is done: at a run's start both fractions are ~0, and the
+        # first step's f + s is what tells 1 / max_steps apart from a few milliseconds of a 5-minute budget
+        return max(candidates, key=sum)
 
     def summary(self, step: int, elapsed: float, completed: bool) -> dict:
         """For summary.json: the steps, the budget's share spent and, for a run that completed, which limit ended it."""

@@ -29,6 +29,11 @@ def make_optimizer(model: nn.Module, train: DictConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=True)
 
 
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
 def lr_at(done: float, step: float, train: DictConfig) -> float:
     """The learning rate of a step that starts at fraction `done` of the run and takes fraction `step` of it."""
     warmup = train.warmup_fraction

@@ -34,9 +34,15 @@ class Progress:
     last_val: dict = field(default_factory=dict)  # val_loss, val_bpb, val_ppl of the latest eval
     wandb_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])  # a resumed run continues its W&B run
 
-    def record_eval(self, val: dict) -> None:
+    def advance(self, tokens: int, elapsed_s: float) -> None:
+        """One optimizer step done, on `tokens` training tokens, `elapsed_s` into the training."""
+        self.step, self.tokens, self.elapsed_s = self.step + 1, self.tokens + tokens, elapsed_s
+
+    def record_eval(self, val: dict) -> dict:
+        """Keeps an eval's numbers (the latest, the best loss) and passes them on."""
         self.last_val = val
         self.best_val_loss = min(val["val_loss"], self.best_val_loss or math.inf)
+        return val
 
 
 def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
