@@ -61,26 +61,27 @@ def test_layer_stats_reports_every_layer_and_leaves_the_model_untouched():
     assert stats["diag/attn_entropy/0"] > 0.99 and abs(stats["diag/position_cos/0"]) < 0.2
 
 
-@pytest.mark.parametrize("scale, token_rms", [("gpt2", 0.02 * 128 ** 0.5), ("transformer2017", 1.0)])
-def test_the_embedding_scale_sets_the_token_part_beside_the_sinusoidal_table(scale, token_rms):
-    """model.embedding_scale, measured at init: sqrt(d) E has rms 0.02 sqrt(d) = 0.23 with GPT-2's init and 1
-    with the 2017 Transformer's N(0, 1/d); the sinusoidal table has rms 1/sqrt(2) = 0.71 either way.
-    4096 x 128 draws: the rms of the draws is within ~1% of the std."""
+def embedding_parts(position: str, scale: str) -> dict:
+    """layer_stats at init of a d = 128 model whose 4096 tokens are each read once: 4096 x 128 draws of E, so the
+    rms of the draws is within ~1% of their std (a learned table's 128 x 128 draws too)."""
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=4096, d_model=128, n_layers=1, n_heads=8, n_kv_heads=2, context_length=128,
-                      position="sinusoidal", embedding_scale=scale)
+                      position=position, embedding_scale=scale)
     x = torch.arange(4096).view(32, 128)
-    stats = layer_stats(Transformer(cfg), x, x.roll(-1, dims=1))
+    return layer_stats(Transformer(cfg), x, x.roll(-1, dims=1))
+
+
+@pytest.mark.parametrize("scale, token_rms", [("gpt2", 0.02 * 128 ** 0.5), ("transformer2017", 1.0)])
+def test_the_embedding_scale_sets_the_token_part_beside_the_sinusoidal_table(scale, token_rms):
+    """model.embedding_scale: sqrt(d) E has rms 0.02 sqrt(d) = 0.23 with GPT-2's init and 1 with the 2017
+    Transformer's N(0, 1/d); the sinusoidal table has rms 1/sqrt(2) = 0.71 either way."""
+    stats = embedding_parts("sinusoidal", scale)
     assert stats["diag/token_rms"] == pytest.approx(token_rms, rel=0.02)
     assert stats["diag/position_rms"] == pytest.approx(0.5 ** 0.5, rel=0.01)
 
 
 @pytest.mark.parametrize("scale, token_rms", [("gpt2", 0.02), ("transformer2017", 1.0)])
 def test_a_learned_table_starts_at_the_token_signal_rms(scale, token_rms):
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=4096, d_model=128, n_layers=1, n_heads=8, n_kv_heads=2, context_length=128,
-                      position="learned", embedding_scale=scale)
-    x = torch.arange(4096).view(32, 128)
-    stats = layer_stats(Transformer(cfg), x, x.roll(-1, dims=1))
+    stats = embedding_parts("learned", scale)
     assert stats["diag/token_rms"] == pytest.approx(token_rms, rel=0.02)
-    assert stats["diag/position_rms"] == pytest.approx(token_rms, rel=0.02)  # 128 x 128 draws: ~1%
+    assert stats["diag/position_rms"] == pytest.approx(token_rms, rel=0.02)
