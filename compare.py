@@ -386,14 +386,16 @@ def lr_plot(lines: list[LRLine], init: float, unigram: float | None, path: Path)
 
 def bpb_curve(variant: Variant, x: str) -> tuple[list[float], list[float], list[float], list[float]]:
     """x (each eval's "tokens" or "elapsed_s", averaged), and the mean, min and max val bpb over the variant's
-    runs: evals at one step are one point, and so are the runs' last evals, which budgeted runs reach at
-    different steps."""
+    runs: the evals at a step that every run reached are one point, and so are the runs' last evals, which
+    budgeted runs reach at different steps (a step only some runs reached would average a subset)."""
     points: dict = {}
-    for run in variant.runs:
-        evals = [m for m in run.evals if x in m]
+    runs = [[m for m in run.evals if x in m] for run in variant.runs]
+    runs = [evals for evals in runs if evals]
+    for evals in runs:
         for i, m in enumerate(evals):
             points.setdefault("last" if i == len(evals) - 1 else m["step"], []).append(m)
-    ordered = sorted(points.values(), key=lambda ms: statistics.mean(m[x] for m in ms))
+    ordered = sorted((ms for ms in points.values() if len(ms) == len(runs)),
+                     key=lambda ms: statistics.mean(m[x] for m in ms))
     bpbs = [[m["val_bpb"] for m in ms] for ms in ordered]
     return ([statistics.mean(m[x] for m in ms) for ms in ordered], [statistics.mean(b) for b in bpbs],
             [min(b) for b in bpbs], [max(b) for b in bpbs])
