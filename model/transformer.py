@@ -10,7 +10,7 @@ The token signal entering block 0 is m * E[token], model.embedding_scale choosin
     gpt2              E ~ N(0, 0.02^2), m = 1: rms 0.02; beside the sinusoidal table m = sqrt(d), the
                       paper's multiplier, which leaves rms 0.02 sqrt(d) (0.23 at d = 128) against PE's 0.71
     transformer2017   E ~ N(0, 1/d), m = sqrt(d): rms 1, whatever the position kind. The paper gives the
-                      multiplier; the init is its code's (tensor2tensor), so the tokens outweigh PE 1.4 to 1
+                      multiplier, its TensorFlow implementations the init; the tokens outweigh PE 1.4 to 1
                       and the tied LM head starts with logits of rms ~1.
 forward(tokens, start, cache): `start` is the absolute position of tokens[:, 0]; with a
 KVCache the model reads and extends it in place, so generation reuses the same math.
@@ -73,6 +73,11 @@ class Transformer(nn.Module):
         return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.context_length, cfg.head_dim,
                        dtype or param.dtype, param.device)
 
+    def token_signal(self, tokens: torch.Tensor) -> torch.Tensor:
+        """m * E[token]: the embedding stream's token part, [B, T, d] (without positions)."""
+        x = self.tok_emb(tokens)
+        return x * self.embed_multiplier if self.embed_multiplier != 1.0 else x
+
     def forward(self, tokens: torch.Tensor, start: int = 0, cache: KVCache | None = None,
                 last_only: bool = False) -> torch.Tensor:
         """last_only: logits of the last position only, [B, 1, V]: all that generation needs, and the
@@ -80,9 +85,7 @@ class Transformer(nn.Module):
         if start + tokens.shape[1] > self.cfg.context_length:
             raise ValueError(f"positions up to {start + tokens.shape[1]} exceed "
                              f"model.context_length={self.cfg.context_length}")
-        x = self.tok_emb(tokens)
-        if self.embed_multiplier != 1.0:
-            x = x * self.embed_multiplier
+        x = self.token_signal(tokens)
         if self.abs_pos is not None:
             x = self.abs_pos(x, start)
         x = self.dropout(x)

@@ -78,7 +78,7 @@ def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
                   block.ffn.register_forward_hook(on_ffn)]
     next_token_loss(model, x, y).backward()
     with torch.no_grad():
-        stats = {"diag/token_rms": rms(model.tok_emb(x) * model.embed_multiplier)}
+        stats = {"diag/token_rms": rms(model.token_signal(x))}
         if model.abs_pos is not None:
             stats["diag/position_rms"] = rms(model.abs_pos.table[:x.shape[1]])
     for i, block in enumerate(model.blocks):
