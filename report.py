@@ -197,11 +197,12 @@ def report(argv: list[str] | None = None) -> Path:
     folder = out_dir(args.out, ckpt_dirs[0])
 
     names = [run_name(run_dir_of(d)) for d in ckpt_dirs]
-    checkpoint_labels = labels([m.cfg.to_dict() for m in models], names)
+    settings = [m.cfg.to_dict() | {"attention": m.cfg.attention} for m in models]  # the attention, named too
+    checkpoint_labels = labels(settings, names)
     result = {"prompt": args.prompt, "token_ids": ids, "tokens": [token_label(vocabulary[i]) for i in ids],
               "estimator": estimator(models, checkpoint_labels), "checkpoints": []}
-    for model, ckpt_dir, label in zip(models, ckpt_dirs, checkpoint_labels):
-        result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model.cfg.to_dict(),
+    for model, ckpt_dir, label, model_settings in zip(models, ckpt_dirs, checkpoint_labels, settings):
+        result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model_settings,
                                       "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id)})
     pngs = figures.draw(result)
     with atomic_dir(folder) as tmp:

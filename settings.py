@@ -7,9 +7,9 @@ or a key that does not exist is rejected at composition, with the key named. Wha
 train.*, model/config.py for model.*.
 """
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, get_type_hints
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -19,6 +19,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from errors import ConfigError
+from model.config import ModelConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a bad override, key, value or group option
@@ -53,26 +54,17 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     reference_tokens_per_s: Optional[float] = MISSING
 
 
-@dataclass
-class ModelSettings:  # the groups (norm, position, ...) fill the switches, a preset (configs/model/) the sizes
-    name: str = MISSING
-    norm: str = MISSING
-    norm_position: str = MISSING
-    position: str = MISSING
-    attention: str = MISSING
-    ffn: str = MISSING
-    d_model: int = MISSING
-    n_layers: int = MISSING
-    n_heads: int = MISSING
-    n_kv_heads: int = MISSING
-    context_length: int = MISSING
-    ffn_multiple_of: int = MISSING
-    rope_base: float = MISSING
-    norm_eps: float = MISSING
-    dropout: float = MISSING
-    bias: bool = MISSING
-    tie_embeddings: bool = MISSING
-    embedding_scale: str = MISSING
+def model_settings() -> type:
+    """model.*'s schema: ModelConfig's fields, types and defaults (llama_tiny's), so that a size is written once,
+    less vocab_size (the prepared tokenizer's: data.vocab_size), plus the names of the preset and of the attention
+    group (ModelConfig derives its attention from n_kv_heads; the name stays for W&B and compare.py)."""
+    types = get_type_hints(ModelConfig)
+    own = [(f.name, types[f.name], field(default=f.default)) for f in fields(ModelConfig) if f.name != "vocab_size"]
+    return make_dataclass("ModelSettings", [("name", str, field(default=MISSING)),
+                                            ("attention", str, field(default=MISSING))] + own)
+
+
+ModelSettings = model_settings()
 
 
 @dataclass

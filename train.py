@@ -119,10 +119,10 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
               + f"\n{name}: {horizon.describe()}")
 
     # -------- the loop: one optimizer step per iteration, until the horizon or an early end (training/endings.py)
-    stop, meter = StopRequest(), Throughput(tcfg.batch_size * T)
-    setup_s, clock = time.perf_counter() - setup_clock, Clock(progress.elapsed_s)  # the training time starts
     bar = held.enter_context(tqdm(total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step",
                                   desc=name))
+    stop, meter = StopRequest(), Throughput(tcfg.batch_size * T, bar)
+    setup_s, clock = time.perf_counter() - setup_clock, Clock(progress.elapsed_s)  # the training time starts
     ending = RunEnded("completed", 0)
     try:
         spent = from_master(ddp, [horizon.spent(progress.step, progress.elapsed_s)])[0]
@@ -148,11 +148,9 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
             stop_if_diverged(train_loss, grad_norm, raw_model, progress.step + 1, tcfg.lr, checkpoint)
             step_s = clock() - started
             progress.advance(tcfg.batch_size * T, elapsed_s=started + step_s)
-            meter.add(step_s)
+            meter.add(step_s, train_loss)
             horizon.record("step", step_s)
-            if ddp.master:  # -------- rank 0: progress bar, eval, metrics, samples, checkpoints
-                bar.update()
-                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{meter.step_rate(step_s):,.0f}")
+            if ddp.master:  # -------- rank 0: eval, metrics, samples, checkpoints
                 val = {}
                 if progress.step % tcfg.eval_interval == 0 or last:
                     with horizon.timed("eval"):  # train.diagnostics: per-layer stats on the first val batch too
@@ -181,7 +179,6 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
         ending = process_lost(ddp, e, progress.step, run_dir)
     if ddp.master and ending.exit_code > 1 and checkpoint.step != progress.step:  # a signal or a lost process
         checkpoint.save()
-    bar.close()  # before the last line, so that the bar is not redrawn below it
     if ddp.master:
         tracker.finish(progress, meter, setup_s, horizon.summary(progress.step, progress.elapsed_s, ending.completed),
                        ending.reason, ending.line)

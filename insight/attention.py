@@ -12,7 +12,7 @@ import copy
 import torch
 
 from model.attention import attention_weights
-from model.config import ModelConfig
+from model.config import ModelConfig, attention_kind
 from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
 from training.diagnostics import normalised_entropy
@@ -77,7 +77,7 @@ def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict
     """One sequence's cache at the full context for every K/V head count the model's width allows (the divisors
     of n_heads): MHA at n_heads, MQA at 1, GQA between."""
     counts = [n for n in range(cfg.n_heads, 0, -1) if cfg.n_heads % n == 0]
-    return [{"attention": "MHA" if n == cfg.n_heads else "MQA" if n == 1 else "GQA", "kv_heads": n,
+    return [{"attention": attention_kind(cfg.n_heads, n).upper(), "kv_heads": n,
              "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element),
              "this_model": n == cfg.n_kv_heads}
             for n in counts]

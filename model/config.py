@@ -1,7 +1,9 @@
 """ModelConfig: the plain-data description of one model, and the checks that reject a bad one.
 
-Every switch is a string naming one option; every size is an int. The Hydra config under
-`model.` maps onto these fields one to one, and a checkpoint stores them as JSON.
+Every switch is a string naming one option; every size is an int. The defaults are the llama_tiny preset
+on its corpus, and they are the one place its sizes are written: settings.py makes these fields, types and
+defaults the schema of the Hydra config's `model.` node, a preset (configs/model/) sets only what differs, and
+a checkpoint stores them as JSON.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from model.ffn import hidden_width
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
-ATTENTIONS = ("gqa", "mha", "mqa")  # the K/V heads: n_kv_heads of them; mha: n_heads; mqa: 1
+ATTENTIONS = ("gqa", "mha", "mqa")  # the attention group's options (configs/attention/)
 FFNS = ("swiglu", "relu", "gelu")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
 
@@ -23,18 +25,33 @@ def is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def attention_kind(n_heads: int, n_kv_heads: int) -> str:
+    """The attention that n_kv_heads K/V heads make: mha (one per query head), mqa (one for all), else gqa."""
+    return "mha" if n_kv_heads == n_heads else "mqa" if n_kv_heads == 1 else "gqa"
+
+
+def check_attention_choice(choice: str, n_heads: int, n_kv_heads: int) -> None:
+    """model.attention, the attention group's name, against the head counts it names: mha has n_heads K/V heads,
+    mqa one, gqa any divisor of n_heads."""
+    if choice not in ATTENTIONS:
+        raise ConfigError(f"model.attention={choice!r} must be one of {', '.join(ATTENTIONS)}")
+    expected = {"mha": n_heads, "mqa": 1}.get(choice, n_kv_heads)
+    if n_kv_heads != expected:
+        raise ConfigError(f"model.attention={choice} has {expected} K/V heads, not model.n_kv_heads={n_kv_heads}; "
+                          f"use attention=gqa for another number")
+
+
 @dataclass
 class ModelConfig:
-    vocab_size: int
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 8
-    n_kv_heads: int = 2
-    context_length: int = 256
+    vocab_size: int = 1024  # the default corpus's (configs/data/shakespeare.yaml); train.py sets the tokenizer's
+    d_model: int = 128
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2  # K/V heads, a divisor of n_heads: the attention is named after it (attention_kind)
+    context_length: int = 128
     norm: str = "rmsnorm"
     norm_position: str = "pre"
     position: str = "rope"
-    attention: str = "gqa"  # a checkpoint from before this field loads as gqa, which allows any n_kv_heads
     ffn: str = "swiglu"
     ffn_multiple_of: int = 32  # SwiGLU's d_ff (model/ffn.py) is rounded up to this multiple
     rope_base: float = 10000.0
@@ -42,7 +59,7 @@ class ModelConfig:
     dropout: float = 0.0
     bias: bool = False  # biases in the linear layers (LayerNorm always has its beta)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
-    embedding_scale: str = "gpt2"
+    embedding_scale: str = "gpt2"  # gpt2: E ~ N(0, 0.02^2); transformer2017: N(0, 1/d) x sqrt(d) (model/transformer.py)
 
     def __post_init__(self):
         self.validate()
@@ -55,6 +72,9 @@ class ModelConfig:
     def d_ff(self) -> int:
         return hidden_width(self.ffn, self.d_model, self.ffn_multiple_of)
 
+    @property
+    def attention(self) -> str:
+        return attention_kind(self.n_heads, self.n_kv_heads)
 
     def validate(self) -> None:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",
@@ -63,17 +83,13 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
         for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
-                             ("attention", ATTENTIONS), ("ffn", FFNS), ("embedding_scale", EMBEDDING_SCALES)):
+                             ("ffn", FFNS), ("embedding_scale", EMBEDDING_SCALES)):
             if getattr(self, key) not in options:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be one of {', '.join(options)}")
         if self.d_model % self.n_heads:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
-        expected = {"mha": self.n_heads, "mqa": 1}.get(self.attention, self.n_kv_heads)
-        if self.n_kv_heads != expected:
-            raise ConfigError(f"model.attention={self.attention} has {expected} K/V heads, not "
-                              f"model.n_kv_heads={self.n_kv_heads}; use attention=gqa for another number")
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -96,6 +112,6 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
         """Build from a dict (a checkpoint's JSON or Hydra's `model` node), ignoring keys that are not
-        the model's, such as the preset's name."""
+        the model's: the preset's name, and the attention's (derived from n_kv_heads; older checkpoints store it)."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})

@@ -1,6 +1,5 @@
 """Shared by the interop tests (transformers, GGUF): a tiny corpus for the tokenizer, a LLaMA config that a
 mapping dropping any setting fails, texts where tokenizer conversions usually differ, export's command line."""
-import pytest
 import torch
 
 import export

@@ -1,5 +1,8 @@
 """Hydra composition: presets pick every component, command-line groups override them both ways."""
 
+import re
+from dataclasses import fields
+
 import pytest
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
@@ -7,6 +10,7 @@ from omegaconf import OmegaConf
 from errors import ConfigError
 from model import ModelConfig, Transformer
 from settings import compose_config
+from training.config import model_config
 
 MODERN = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa", "ffn": "swiglu"}
 CLASSIC = {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal", "attention": "mha", "ffn": "relu"}
@@ -48,17 +52,36 @@ def test_a_group_on_the_command_line_overrides_the_preset(preset, override, expe
 
 @pytest.mark.parametrize("preset", ["llama_tiny", "transformer2017_tiny"])
 def test_attention_group_sets_n_kv_heads(preset):
-    mha, gqa, mqa = (compose_model(f"model={preset}", f"attention={name}") for name in ("mha", "gqa", "mqa"))
-    assert mha.n_kv_heads == mha.n_heads == 4
-    assert mqa.n_kv_heads == 1
-    assert gqa.n_kv_heads == 2 and "gqa_kv_heads" not in gqa  # the group sets it, once
+    mha, gqa, mqa = (compose_config([f"model={preset}", f"attention={name}"]) for name in ("mha", "gqa", "mqa"))
+    assert mha.model.n_kv_heads == mha.model.n_heads == 4
+    assert mqa.model.n_kv_heads == 1
+    assert gqa.model.n_kv_heads == ModelConfig().n_kv_heads == 2  # gqa keeps the default number
     assert compose_model(f"model={preset}", "model.n_kv_heads=4").n_kv_heads == 4
-    # the option's name reaches the model's config and is checked against the head counts there
-    for node in (mha, gqa, mqa):
-        assert ModelConfig.from_dict(OmegaConf.to_container(node, resolve=True) | {"vocab_size": 64}).attention \
-            == node.attention
-    with pytest.raises(ConfigError, match=r"model.attention=mha has 4 K/V heads, not model.n_kv_heads=2"):
-        ModelConfig.from_dict(OmegaConf.to_container(mha, resolve=True) | {"vocab_size": 64, "n_kv_heads": 2})
+    # the model names its attention after its K/V heads; the group's name stays in the config and agrees
+    for cfg in (mha, gqa, mqa):
+        assert model_config(cfg).attention == cfg.model.attention
+    assert model_config(compose_config([f"model={preset}", "model.n_kv_heads=4"])).attention == "mha"  # gqa: any
+    for overrides, message in ((["attention=mha", "model.n_kv_heads=2"], "model.attention=mha has 4 K/V heads, "
+                                "not model.n_kv_heads=2; use attention=gqa for another number"),
+                               (["attention=mqa", "model.n_kv_heads=2"], "model.attention=mqa has 1 K/V heads"),
+                               (["model.attention=mla"], "model.attention='mla' must be one of gqa, mha, mqa")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            model_config(compose_config([f"model={preset}", *overrides]))
+
+
+def test_model_config_defaults_are_the_composed_llama_tiny():
+    """ModelConfig's defaults are the one place llama_tiny's sizes are written: the schema takes them."""
+    cfg = compose_config(["model=llama_tiny"])
+    assert model_config(cfg) == ModelConfig()
+    assert set(cfg.model) == {f.name for f in fields(ModelConfig)} - {"vocab_size"} | {"name", "attention"}
+    assert (cfg.data.vocab_size, cfg.model.attention) == (ModelConfig().vocab_size, ModelConfig().attention)
+
+
+def test_a_checkpoint_that_stores_the_attention_name_still_loads():
+    """Checkpoints written while ModelConfig had an attention field store its name beside n_kv_heads."""
+    stored = ModelConfig(n_kv_heads=4).to_dict() | {"attention": "mha"}
+    assert "attention" not in ModelConfig().to_dict()
+    assert ModelConfig.from_dict(stored) == ModelConfig(n_kv_heads=4)
 
 
 def test_presets_differ_only_in_their_choices():

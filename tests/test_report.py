@@ -155,8 +155,8 @@ def test_attention_weights_are_the_ones_sdpa_applies():
 
 @pytest.mark.parametrize("attention,n_kv_heads", [("mha", 4), ("gqa", 2), ("mqa", 1)])
 def test_measured_wiring_is_the_grouping(attention, n_kv_heads):
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, attention=attention,
-                      context_length=16)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=n_kv_heads, context_length=16)
+    assert cfg.attention == attention  # named after its K/V heads
     torch.manual_seed(0)
     reads = kv_wiring(far_from_init(Transformer(cfg)), torch.randint(64, (1, 10)))
     assert reads == [[h // (4 // n_kv_heads)] for h in range(4)]

@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
-from model.config import ModelConfig
+from model.config import ModelConfig, check_attention_choice
 from training.budget import parse_duration
 
 POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
@@ -83,7 +83,9 @@ def model_config(cfg: DictConfig, vocab_size: int | None = None) -> ModelConfig:
     """The model of a composed config: its `model` node, with this vocab size (the tokenizer's), else the data
     settings' (data.vocab_size=null: the vocabulary rule picks it with the data, so a provisional one checks the rest)."""
     vocab = vocab_size or cfg.data.vocab_size or PROVISIONAL_VOCAB
-    return ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
+    model = ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
+    check_attention_choice(cfg.model.attention, model.n_heads, model.n_kv_heads)
+    return model
 
 
 def autocast_for(device: torch.device) -> AbstractContextManager:

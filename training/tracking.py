@@ -99,22 +99,21 @@ def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progres
 
 class Throughput:
     """Training tokens per second: of the session (summary.json), of the steps since the last logged line
-    (metrics.jsonl) and of one step (the progress bar). The first step's time is kept apart: with
-    train.compile=true it is the compilation."""
+    (metrics.jsonl) and of one step (the progress bar, drawn here with each step's loss). The first step's
+    time is kept apart: with train.compile=true it is the compilation."""
 
-    def __init__(self, tokens_per_step: int):
-        self.tokens_per_step = tokens_per_step
+    def __init__(self, tokens_per_step: int, bar: tqdm):
+        self.tokens_per_step, self.bar = tokens_per_step, bar
         self.steps, self.seconds = 0, 0.0
         self.window_steps, self.window_seconds = 0, 0.0
         self.first_step_s = None
 
-    def add(self, step_s: float) -> None:
+    def add(self, step_s: float, loss: float) -> None:
         self.first_step_s = self.first_step_s or step_s
         self.steps, self.seconds = self.steps + 1, self.seconds + step_s
         self.window_steps, self.window_seconds = self.window_steps + 1, self.window_seconds + step_s
-
-    def step_rate(self, step_s: float) -> float:
-        return self.tokens_per_step / step_s
+        self.bar.update()
+        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{self.tokens_per_step / step_s:,.0f}")
 
     def window_rate(self) -> float:
         """Since the last call."""
@@ -186,7 +185,9 @@ class Tracker:
     def finish(self, progress, meter: Throughput, setup_s: float, horizon: dict, stop_reason: str,
                early_line: str | None) -> None:
         """summary.json's final metrics (the latest metrics line's, the best eval, the session's throughput, the
-        horizon's summary, why the run stopped), then the run's last line: why it stopped early, or what it did."""
+        horizon's summary, why the run stopped), then the run's last line: why it stopped early, or what it did,
+        below the progress bar, closed first so that it is not redrawn under the line."""
+        meter.bar.close()
         final = {**self.last_record, **progress.last_val, "best_val_loss": progress.best_val_loss, **meter.summary(),
                  "tokens": progress.tokens, "elapsed_s": progress.elapsed_s, "setup_s": setup_s, **horizon,
                  "stop_reason": stop_reason}
