@@ -2,9 +2,10 @@
 
     python bench.py [--device cpu|cuda] [--threads N] [--repeats N] [--json PATH] [--plot PATH] [--quick] [overrides]
     python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
+    python bench.py --against DIR [--repeats N] [--json PATH] [overrides]  # this tree against another checkout
 
 llama_tiny is what `python train.py [overrides]` trains. Every peer of ours is composed from configs/ and the
-overrides as train.py composes them (training/settings.py), so every model.* and train.* setting reaches it: the
+overrides as train.py composes them (settings.py), so every model.* and train.* setting reaches it: the
 GPT-2 configuration and the one-switch rows add their group options (norm=layernorm, ...), the ablation's
 variants `+experiment=ablation ablation=X`; train.py's AdamW of the composed train.* settings steps each one
 (training/optim.py). --quick adds toy sizes to the overrides (QUICK_OVERRIDES). transformers'
@@ -42,18 +43,23 @@ Prefill: one forward over a 256-token prompt into an empty cache, logits of the 
 (what generation needs; transformers' generate asks for the same with logits_to_keep=1).
 The weight-streaming limit: a batch-1 decode step reads every weight once, so it cannot beat
 bandwidth / weight bytes tokens/s; bandwidth is the best of 5 copies of a 256 MB tensor (read + write).
+--against DIR: did a change move the speed? This tree's model of the overrides against the same model of the
+checkout in DIR (e.g. `git worktree add ../before <commit>`), both in this process on the same weights and
+inputs, alternating: training steps through each tree's own loss and AdamW, and KV-cache decode through each
+tree's own Engine at batch 1 and 8, as above; "vs DIR" is this tree's tokens/s over the other's.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import importlib
 import math
 import os
 import platform
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import partial
 from typing import Callable
 from pathlib import Path
@@ -130,6 +136,8 @@ def parse_args(argv):
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks that everything runs")
     parser.add_argument("--ablation", action="store_true",
                         help="only the ablation's variants: training tokens/s of each, alternated")
+    parser.add_argument("--against", type=Path, metavar="DIR",
+                        help="another checkout of this repo: its training and decode speed beside this tree's")
     parser.add_argument("overrides", nargs="*", help="train.py's Hydra overrides of the LLaMA to measure, e.g. "
                         "model.d_model=256 model.n_layers=6 (default: llama_tiny)")
     args = parser.parse_args(argv)
@@ -141,6 +149,10 @@ def parse_args(argv):
         raise UsageError(f"--threads={args.threads} must be >= 1")
     if args.repeats is not None and args.repeats < 1:
         raise UsageError(f"--repeats={args.repeats} must be >= 1")
+    if args.against is not None and not (args.against / "model" / "__init__.py").is_file():
+        raise UsageError(f"--against={args.against} is no checkout of this repo: it has no model/__init__.py")
+    if args.against is not None and args.ablation:
+        raise UsageError("--against and --ablation are two benches: pass one of them")
     for flag in ("json", "plot"):  # checked now, not after minutes of measuring
         path = getattr(args, flag)
         if path is not None and not path.parent.is_dir():
@@ -232,12 +244,16 @@ def our_peer(settings: DictConfig, device: Device) -> Peer:
     return peer(Transformer(model_config(settings)).to(device.name), settings, device)
 
 
-def speed_rows(seconds: dict[str, list[float]], peers: dict[str, Peer], baseline: str) -> dict:
-    """Each peer's training tokens/s from its timed steps: the median, the range, the step seconds, and
-    vs_baseline = its median tokens/s / the baseline's: above 1 it trains faster than the baseline."""
+def tokens_per_step(peers: dict[str, Peer]) -> dict[str, int]:
+    return {name: p.tokens_per_step for name, p in peers.items()}
+
+
+def speed_rows(seconds: dict[str, list[float]], tokens_per_run: dict[str, int], baseline: str) -> dict:
+    """Each run's tokens/s from its timed calls: the median, the range, the seconds, and
+    vs_baseline = its median tokens/s / the baseline's: above 1 it is faster than the baseline."""
     rows = {}
-    for name, peer_ in peers.items():
-        tokens, s = peer_.tokens_per_step, seconds[name]
+    for name, tokens in tokens_per_run.items():
+        s = seconds[name]
         rows[name] = {"tokens_per_s": tokens / statistics.median(s), "tokens_per_s_range": [tokens / max(s),
                                                                                             tokens / min(s)],
                       "step_s": s}
@@ -246,10 +262,11 @@ def speed_rows(seconds: dict[str, list[float]], peers: dict[str, Peer], baseline
     return rows
 
 
-def speed_table(rows: dict, first: str, baseline: str, columns: dict[str, Callable] | None = None) -> str:
+def speed_table(rows: dict, first: str, baseline: str, columns: dict[str, Callable] | None = None,
+                measure: str = "training tokens/s") -> str:
     """speed_rows as markdown; columns: header -> a row's cell, between the range and vs <baseline>."""
     columns = columns or {}
-    lines = [f"| {first} | training tokens/s (median) | min - max | {' | '.join([*columns, f'vs {baseline}'])} |",
+    lines = [f"| {first} | {measure} (median) | min - max | {' | '.join([*columns, f'vs {baseline}'])} |",
              "|---|" + "---:|" * (3 + len(columns))]
     for name, row in rows.items():
         low, high = row["tokens_per_s_range"]
@@ -279,7 +296,7 @@ def bench_ablation(peers: dict[str, Peer], repeats: int, device: Device) -> dict
     alternated in one process: the speed the learning-rate sweep's runs cannot show, since they shared the cores."""
     steps = {variant: partial(p.step, device) for variant, p in peers.items()}
     seconds, _, _ = timed_alternately("ablation training steps", steps, repeats, device)
-    return speed_rows(seconds, peers, "baseline")
+    return speed_rows(seconds, tokens_per_step(peers), "baseline")
 
 
 # ---------------------------------------------------------------- training
@@ -340,7 +357,7 @@ def bench_training(peers: dict[str, Peer], sizes: Sizes, repeats: int, device: D
     steps = {name: partial(p.step, device) for name, p in peers.items()}
     seconds, _, warm_up_s = timed_alternately("training", steps | {"peak matmul": matmuls}, repeats, device)
     peak = 2 * sizes.peak_n ** 3 / min(matmul_seconds)
-    rows = speed_rows(seconds, peers, "llama_tiny")
+    rows = speed_rows(seconds, tokens_per_step(peers), "llama_tiny")
     for name, row in rows.items():
         row["flops_per_token"] = train_flops_per_token(peers[name].counted)
         row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / peak
@@ -368,10 +385,11 @@ class StepClock(BaseStreamer):
 
 
 def our_generation(model: Transformer, prompts: torch.Tensor, new_tokens: int, use_cache: bool, device: Device,
-                   compile: bool = False):
+                   compile: bool = False, engine_class: type = Engine):
     """A run returning the time from its start at which each new token was out, and the tokens [B, new].
-    compile: the decode step through torch.compile, compiled here; run.compile_s is what that took."""
-    engine, prompt_lists = Engine(model), prompts.tolist()
+    compile: the decode step through torch.compile, compiled here; run.compile_s is what that took.
+    engine_class: another checkout's Engine (--against)."""
+    engine, prompt_lists = engine_class(model), prompts.tolist()
     compile_s = compiled_decoder(engine, prompts.shape[0]) if compile else 0.0
 
     def run():
@@ -477,6 +495,104 @@ def bench_decode(model: ModelConfig, sizes: Sizes, repeats: int, device: Device)
     return results, curves
 
 
+# ---------------------------------------------------------------- this tree against another checkout
+
+HERE = Path(__file__).resolve().parent
+
+
+def import_tree(root: Path, names: tuple[str, ...]) -> list:
+    """The modules `names` of the checkout at root, imported from its own files. This tree's modules of the same
+    top-level names are set aside meanwhile and put back after: the other tree's objects keep their own."""
+    tops = {p.stem for base in (HERE, root) for p in base.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+
+    def loaded() -> dict:
+        return {key: module for key, module in sys.modules.items() if key.partition(".")[0] in tops}
+    ours = loaded()
+    for key in ours:
+        del sys.modules[key]
+    sys.path.insert(0, str(root))
+    try:
+        return [importlib.import_module(name) for name in names]
+    finally:
+        sys.path.remove(str(root))
+        for key in loaded():
+            del sys.modules[key]
+        sys.modules.update(ours)
+
+
+@dataclass
+class OtherTree:
+    """Another checkout's model, training loss, optimizer and generation engine: what this tree's rows use."""
+    root: Path
+    model_config: type
+    transformer: type
+    loss_of: Callable
+    make_optimizer: Callable
+    engine: type
+
+    @classmethod
+    def load(cls, root: Path) -> "OtherTree":
+        model, evaluate, optim, engine = import_tree(
+            root, ("model", "training.evaluate", "training.optim", "generation.engine"))
+        return cls(root, model.ModelConfig, model.Transformer, evaluate.next_token_loss, optim.make_optimizer,
+                   engine.Engine)
+
+    def twin(self, ours: Transformer) -> nn.Module:
+        """Its model of our model's settings, with our weights; a setting it lacks must be at our default."""
+        accepted, defaults = {f.name for f in fields(self.model_config)}, ModelConfig()
+        settings = ours.cfg.to_dict()
+        lacking = [f"model.{key}={value}" for key, value in settings.items()
+                   if key not in accepted and value != getattr(defaults, key)]
+        if lacking:
+            raise UsageError(f"--against={self.root}: its ModelConfig has no {', '.join(lacking)}")
+        if "attention" in accepted:  # older trees store the attention's name beside n_kv_heads
+            settings["attention"] = ours.cfg.attention
+        model = self.transformer(self.model_config(**{k: v for k, v in settings.items() if k in accepted}))
+        try:
+            model.load_state_dict(ours.state_dict())
+        except RuntimeError as e:
+            raise UsageError(f"--against={self.root}: its model's weights are not this tree's: "
+                             f"{str(e).splitlines()[0]}") from None
+        return model
+
+
+def bench_against(other: OtherTree, sizes: Sizes, repeats: int, device: Device) -> dict:
+    """This tree's model of the overrides against the other checkout's, on the same weights and inputs."""
+    settings, label = sizes.compose(), str(other.root)
+    ours = Transformer(model_config(settings)).to(device.name)
+    theirs = other.twin(ours).to(device.name)
+    mine = peer(ours, settings, device)
+    peers = {"this tree": mine, label: Peer(theirs, partial(other.loss_of, theirs), ours,
+                                            other.make_optimizer(theirs, settings.train), mine.tokens)}
+    with torch.no_grad(), device.autocast():  # the same function, or the A/B compares two models
+        difference = (ours(mine.tokens[:, :-1]) - theirs(mine.tokens[:, :-1])).abs().max().item()
+    seconds, _, _ = timed_alternately(f"training, this tree and {label}",
+                                      {name: partial(p.step, device) for name, p in peers.items()}, repeats, device)
+    results = {"against": label, "max_logit_difference": difference,
+               "training": speed_rows(seconds, tokens_per_step(peers), label)}
+    ours = Transformer(replace(ours.cfg, context_length=sizes.decode_context)).to(device.name).eval()
+    theirs = other.twin(ours).to(device.name).eval()
+    for batch in sizes.decode_batches:
+        prompts = torch.randint(ours.cfg.vocab_size, (batch, sizes.prompt_tokens), device=device.name)
+        seconds, last, _ = timed_alternately(f"decode, batch {batch}", {
+            "this tree": our_generation(ours, prompts, sizes.new_tokens, True, device),
+            label: our_generation(theirs, prompts, sizes.new_tokens, True, device, engine_class=other.engine)},
+            repeats, device)
+        results[f"decode_b{batch}"] = speed_rows(seconds, {name: batch * sizes.new_tokens for name in seconds}, label)
+        results[f"decode_b{batch}_same_tokens"] = bool(torch.equal(last["this tree"][1], last[label][1]))
+    return results
+
+
+def against_tables(r: dict, sizes: Sizes) -> str:
+    label = r["against"]
+    tables = [f"Both on the same weights: their logits differ by at most {r['max_logit_difference']:.3g}.",
+              speed_table(r["training"], "tree", label)]
+    for batch in sizes.decode_batches:
+        tables.append(speed_table(r[f"decode_b{batch}"], "tree", label, measure=f"decode tokens/s, batch {batch}")
+                      + f"\n\nthe same {sizes.new_tokens} greedy tokens: {r[f'decode_b{batch}_same_tokens']}")
+    return "\n\n".join(tables)
+
+
 # ---------------------------------------------------------------- report
 
 def machine(device: Device) -> str:
@@ -563,18 +679,23 @@ def main(argv=None) -> int:
     sizes = (quick_sizes if args.quick else full_sizes)(args.overrides)
     try:  # every peer is built before the first measurement, so a bad setting costs no time
         settings = sizes.compose()
-        peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device)
+        if args.against:
+            other = OtherTree.load(args.against)
+            other.twin(Transformer(model_config(settings)))  # a setting the other tree lacks fails now
+        else:
+            peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device)
     except UsageError as e:  # a bad override, a setting that builds no model, one transformers cannot mirror
         print(f"error: {e}", file=sys.stderr)
         return 2
     repeats = args.repeats or sizes.repeats
     load_before = os.getloadavg()
     started = time.perf_counter()
-    if args.ablation:
-        speeds = bench_ablation(peers, repeats, device)
+    if args.against or args.ablation:  # one table of one kind of run
+        speeds = (bench_against(other, sizes, repeats, device) if args.against
+                  else bench_ablation(peers, repeats, device))
         print(f"{machine(device)} | {torch.get_num_threads()} threads | load {load_before[0]:.1f} -> "
               f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - started:.0f} s | medians of {repeats}\n")
-        print(speed_table(speeds, "variant", "baseline"))
+        print(against_tables(speeds, sizes) if args.against else speed_table(speeds, "variant", "baseline"))
         if args.json:
             write_json(args.json, speeds)
         return 0

@@ -12,7 +12,6 @@ an existing --out whole. A checkpoint using any non-LLaMA switch is refused, nam
 """
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from interop.gguf_llama import DTYPES, write_gguf
 from interop.hf_llama import hf_config, hf_state_dict, hf_tokenizer_config
 from interop.load import load_model
 from storage.checkpoint import check_vocab
-from storage.files import atomic_dir
+from storage.files import atomic_dir, write_json
 
 
 def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
@@ -42,12 +41,12 @@ def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) 
     config = hf_config(model.cfg, bos_id=bos, eos_id=eos)  # refuses non-LLaMA switches, naming them all
     tokenizer_config, why_not = hf_tokenizer_config(tokenizer_file, model.cfg.context_length)
     with atomic_dir(out) as tmp:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        write_json(tmp / "config.json", config)
         # transformers refuses safetensors files whose metadata does not say they hold torch tensors
         save_file(hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
         shutil.copyfile(tokenizer_file, tmp / "tokenizer.model")
         if tokenizer_config is not None:
-            (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+            write_json(tmp / "tokenizer_config.json", tokenizer_config)
     return [] if tokenizer_config is not None else [f"no tokenizer_config.json: {why_not}"]
 
 

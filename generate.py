@@ -37,7 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ignore-eos", action="store_true",
                         help="run every sample for --max-new-tokens, for benchmarks")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the decode step: 15-21 s at the first step, pays off on long generations")
+                        help="torch.compile the decode step: seconds of compiling at the first step "
+                             "(docs/performance.md), which pay off on long generations")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     try:

@@ -28,7 +28,7 @@ from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
 from interop.load import load_model
 from storage.checkpoint import CheckpointError, check_vocab
-from storage.files import atomic_dir, write_bytes
+from storage.files import atomic_dir, write_bytes, write_json
 
 DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 LLAMA_2_7B = {"name": "LLaMA-2-7B", "layers": 32, "kv_heads": 32, "head_dim": 128, "seq": 4096, "batch": 1,
@@ -155,7 +155,7 @@ def measure(model: Transformer, ids: list[int], first_token: int) -> dict:
 
 def estimator(models: list[Transformer], names: list[str]) -> dict:
     """The estimator's presets, each checkpoint's own (its full context, fp32) first, with their bytes by
-    generation/kv_memory.py's formula, which the page's script computes too."""
+    model/kv_cache.py's formula, which the page's script computes too."""
     dtype_of = {size: name for name, size in reversed(BYTES_PER_ELEMENT.items())}  # 4 -> fp32, 2 -> fp16
     presets = [{"name": f"this model: {name}", "layers": m.cfg.n_layers, "kv_heads": m.cfg.n_kv_heads,
                 "head_dim": m.cfg.head_dim, "seq": m.cfg.context_length, "batch": 1,
@@ -209,7 +209,7 @@ def report(argv: list[str] | None = None) -> Path:
         for name, data in pngs.items():
             write_bytes(tmp / name, data)
         write_bytes(tmp / "index.html", page.render(result, pngs).encode())
-        write_bytes(tmp / REPORT_FILE, (json.dumps(result, indent=1) + "\n").encode())
+        write_json(tmp / REPORT_FILE, result)
     if runs:
         log_to_wandb(runs, folder, list(pngs), page.tables(result))
     return folder

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
-from storage.files import atomic_write, remove_dead_temporaries, sha256
+from storage.files import atomic_write, remove_dead_temporaries, sha256, write_json
 
 CACHE_FORMAT = 3
 REQUIRED_SETTINGS = ("name", "source", "val_fraction", "cache_dir", "num_proc")
@@ -205,7 +205,7 @@ def fill_cache(cache: Path, key: str, docs: datasets.Dataset, cfg) -> dict:
     unigram = unigram_bpb(*streams, tokenizer.vocab_size, splits["val"]["bytes"] / splits["val"]["tokens"])
     manifest = {"format": CACHE_FORMAT, "key": key, "dtype": dtype.name, "splits": splits, "sha256": digests,
                 "unigram_val_bpb": unigram}
-    atomic_write(cache / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    write_json(cache / "manifest.json", manifest)
     for split, s in splits.items():
         print(f"data: {split}: {s['documents']} docs, {s['characters']:,} chars, {s['tokens']:,} tokens, "
               f"{s['bytes'] / s['tokens']:.3f} bytes/token")

@@ -234,7 +234,7 @@ class Engine:
 def compiled_decoder(engine: Engine, batch: int) -> float:
     """Gives the engine a torch.compile'd decoder (dynamic shapes: one graph serves every position) and
     compiles it on a throwaway generation of this batch size, so the run that follows only reuses its
-    graphs; returns the seconds that took (on 2 CPU cores 15-21 s cold, seconds from torch's cache)."""
+    graphs; returns the seconds that took (docs/performance.md has them, cold and from torch's on-disk cache)."""
     engine.decoder = torch.compile(engine.model, dynamic=True, fullgraph=True)
     clock = time.perf_counter()
     # Positions 1, 2 and 3: torch.compile specialises an integer equal to 1, so position 1 (after a

@@ -1,8 +1,7 @@
 """The report's page: one self-contained HTML file (figures as base64 data URIs, styles and script inline,
 nothing fetched), its tables (the same ones go to W&B), and the KV-cache estimator, a form whose inline
-JavaScript computes generation/kv_memory.py's formula as its fields change:
-
-    bytes = 2 (K and V) * layers * K/V heads * head dim * sequence length * batch * bytes per element
+JavaScript computes model/kv_cache.py's formula (kv_cache_bytes) as its fields change: a page opened without
+Python needs it in the browser's language, and tests/test_report.py's browser test holds the two equal.
 """
 import base64
 import html

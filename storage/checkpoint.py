@@ -29,7 +29,7 @@ from data.tokenizer import Tokenizer
 from errors import ConfigError, UsageError
 from model.config import ModelConfig
 from model.transformer import Transformer
-from storage.files import atomic_dir, sha256, write_bytes
+from storage.files import atomic_dir, sha256, write_bytes, write_json
 
 FORMAT_VERSION = 2
 
@@ -70,8 +70,8 @@ def save_checkpoint(ckpt_dir: str | Path, model: Transformer, tokenizer_file: st
         if write_extra is not None:
             write_extra(tmp)
         digests = {f.name: sha256(f) for f in sorted(tmp.iterdir())}
-        write_bytes(tmp / "config.json", json.dumps({"format_version": FORMAT_VERSION, "model": model.cfg.to_dict(),
-                                                     "sha256": digests}, indent=2).encode())
+        write_json(tmp / "config.json", {"format_version": FORMAT_VERSION, "model": model.cfg.to_dict(),
+                                         "sha256": digests})
     return Path(ckpt_dir)
 
 

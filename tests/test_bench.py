@@ -3,6 +3,8 @@ equal hand counts, and the printed verdicts are the JSON's; not the speeds, whic
 in a full run on a quiet machine."""
 import json
 import math
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,7 +127,9 @@ def test_ablation_peers_are_built_from_every_override():
 
 def test_speed_rows_run_one_way():
     peers = {name: bench.Peer(None, None, None, None, torch.zeros(2, 11)) for name in ("base", "fast", "slow")}
-    rows = bench.speed_rows({"base": [1.0, 2.0, 3.0], "fast": [1.0], "slow": [4.0, 4.0]}, peers, "base")
+    assert bench.tokens_per_step(peers) == {"base": 20, "fast": 20, "slow": 20}
+    rows = bench.speed_rows({"base": [1.0, 2.0, 3.0], "fast": [1.0], "slow": [4.0, 4.0]}, bench.tokens_per_step(peers),
+                            "base")
     assert rows["base"]["tokens_per_s"] == 10.0 and rows["base"]["tokens_per_s_range"] == [20 / 3, 20.0]
     assert [rows[name]["vs_baseline"] for name in peers] == [1.0, 2.0, 0.5]  # faster than the baseline: above 1
     table = bench.speed_table(rows, "model", "base", {"step s": lambda row: f"{row['step_s'][0]:.1f}"})
@@ -148,3 +152,38 @@ def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
         low, high = r["tokens_per_s_range"]
         assert 0 < low <= r["tokens_per_s"] <= high, variant
         assert f"| {variant} | {r['tokens_per_s']:,.0f} |" in proc.stdout
+
+
+def checkout_copy(tmp_path: Path) -> Path:
+    """Another checkout, as --against reads it: a copy of the packages its rows import."""
+    root = tmp_path / "other"
+    for name in ("model", "training", "generation"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "errors.py", root)
+    return root
+
+
+def test_against_times_this_tree_beside_another_checkout_on_the_same_weights(tmp_path):
+    root = checkout_copy(tmp_path)
+    other = bench.OtherTree.load(root)
+    assert Path(other.transformer.forward.__code__.co_filename).is_relative_to(root)  # from the other tree's files
+    assert sys.modules["model"].Transformer is bench.Transformer  # and this tree's modules are back
+    r = bench.bench_against(other, bench.quick_sizes([]), 1, bench.Device("cpu"))
+    assert r["max_logit_difference"] == 0.0  # the same code on the same weights: the same logits, bit for bit
+    for key in ("training", "decode_b1", "decode_b2"):
+        assert list(r[key]) == ["this tree", str(root)] and r[key][str(root)]["vs_baseline"] == 1.0
+    assert r["decode_b1_same_tokens"] and r["decode_b2_same_tokens"]
+    table = bench.against_tables(r, bench.quick_sizes([]))
+    assert f"| this tree | {r['decode_b2']['this tree']['tokens_per_s']:,.0f} |" in table
+
+
+def test_against_refuses_a_tree_that_cannot_build_the_same_model(tmp_path, capsys):
+    root = checkout_copy(tmp_path)
+    config = root / "model" / "config.py"
+    config.write_text(re.sub(r"\n    embedding_scale: .*", "", config.read_text()))  # a tree from before the setting
+    assert bench.main(["--quick", "--against", str(root), "model.embedding_scale=transformer2017"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --against={root}: its ModelConfig has no model.embedding_scale=transformer2017")
+    assert bench.main(["--quick", "--against", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"error: --against={tmp_path} is no checkout of this repo: it has no model/__init__.py")
