@@ -119,9 +119,8 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
               + f"\n{name}: {horizon.describe()}")
 
     # -------- the loop: one optimizer step per iteration, until the horizon or an early end (training/endings.py)
-    bar = held.enter_context(tqdm(total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step",
-                                  desc=name))
-    stop, meter = StopRequest(), Throughput(tcfg.batch_size * T, bar)
+    stop, meter = StopRequest(), Throughput(tcfg.batch_size * T, held.enter_context(tqdm(  # rank 0 draws the bar
+        total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step", desc=name)))
     setup_s, clock = time.perf_counter() - setup_clock, Clock(progress.elapsed_s)  # the training time starts
     ending = RunEnded("completed", 0)
     try:
