@@ -46,7 +46,8 @@ bandwidth / weight bytes tokens/s; bandwidth is the best of 5 copies of a 256 MB
 --against DIR: did a change move the speed? This tree's model of the overrides against the same model of the
 checkout in DIR (e.g. `git worktree add ../before <commit>`), both in this process on the same weights and
 inputs, alternating: training steps through each tree's own loss and AdamW, and KV-cache decode through each
-tree's own Engine at batch 1 and 8, as above; "vs DIR" is this tree's tokens/s over the other's.
+tree's own Engine at batch 1 and 8, as above; "vs DIR" is this tree's tokens/s over the other's. It refuses a
+tree whose model computes other logits on the same weights (SAME_LOGITS), or cannot express the settings.
 """
 from __future__ import annotations
 
@@ -153,6 +154,8 @@ def parse_args(argv):
         raise UsageError(f"--against={args.against} is no checkout of this repo: it has no model/__init__.py")
     if args.against is not None and args.ablation:
         raise UsageError("--against and --ablation are two benches: pass one of them")
+    if args.plot is not None and (args.against is not None or args.ablation):
+        raise UsageError(f"--plot={args.plot} draws the full bench's decode curves: not with --against or --ablation")
     for flag in ("json", "plot"):  # checked now, not after minutes of measuring
         path = getattr(args, flag)
         if path is not None and not path.parent.is_dir():
@@ -502,7 +505,8 @@ HERE = Path(__file__).resolve().parent
 
 def import_tree(root: Path, names: tuple[str, ...]) -> list:
     """The modules `names` of the checkout at root, imported from its own files. This tree's modules of the same
-    top-level names are set aside meanwhile and put back after: the other tree's objects keep their own."""
+    top-level names are set aside meanwhile and put back after: the other tree's objects keep their own. A module
+    that would come from anywhere else (a file the other tree lacks, found in this one) is refused."""
     tops = {p.stem for base in (HERE, root) for p in base.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
 
     def loaded() -> dict:
@@ -512,7 +516,14 @@ def import_tree(root: Path, names: tuple[str, ...]) -> list:
         del sys.modules[key]
     sys.path.insert(0, str(root))
     try:
-        return [importlib.import_module(name) for name in names]
+        modules = [importlib.import_module(name) for name in names]
+        strays = sorted(key for key, module in loaded().items()
+                        if not Path(getattr(module, "__file__", None) or root).resolve().is_relative_to(root.resolve()))
+        if strays:
+            raise UsageError(f"--against={root}: {', '.join(strays)} came from outside it")
+        return modules
+    except (ImportError, SyntaxError) as e:
+        raise UsageError(f"--against={root}: cannot import its {' and '.join(names)}: {e}") from None
     finally:
         sys.path.remove(str(root))
         for key in loaded():
@@ -524,7 +535,7 @@ def import_tree(root: Path, names: tuple[str, ...]) -> list:
 class OtherTree:
     """Another checkout's model, training loss, optimizer and generation engine: what this tree's rows use."""
     root: Path
-    model_config: type
+    config_class: type
     transformer: type
     loss_of: Callable
     make_optimizer: Callable
@@ -539,7 +550,7 @@ class OtherTree:
 
     def twin(self, ours: Transformer) -> nn.Module:
         """Its model of our model's settings, with our weights; a setting it lacks must be at our default."""
-        accepted, defaults = {f.name for f in fields(self.model_config)}, ModelConfig()
+        accepted, defaults = {f.name for f in fields(self.config_class)}, ModelConfig()
         settings = ours.cfg.to_dict()
         lacking = [f"model.{key}={value}" for key, value in settings.items()
                    if key not in accepted and value != getattr(defaults, key)]
@@ -547,31 +558,43 @@ class OtherTree:
             raise UsageError(f"--against={self.root}: its ModelConfig has no {', '.join(lacking)}")
         if "attention" in accepted:  # older trees store the attention's name beside n_kv_heads
             settings["attention"] = ours.cfg.attention
-        model = self.transformer(self.model_config(**{k: v for k, v in settings.items() if k in accepted}))
-        try:
+        try:  # its own checks raise its own error classes, not ours
+            model = self.transformer(self.config_class(**{k: v for k, v in settings.items() if k in accepted}))
             model.load_state_dict(ours.state_dict())
-        except RuntimeError as e:
-            raise UsageError(f"--against={self.root}: its model's weights are not this tree's: "
+        except Exception as e:
+            raise UsageError(f"--against={self.root}: it cannot build this model with its weights: "
                              f"{str(e).splitlines()[0]}") from None
-        return model
+        return model.to(ours.tok_emb.weight.device)
 
 
-def bench_against(other: OtherTree, sizes: Sizes, repeats: int, device: Device) -> dict:
-    """This tree's model of the overrides against the other checkout's, on the same weights and inputs."""
-    settings, label = sizes.compose(), str(other.root)
+# The two trees' logits on the same weights and inputs: float32 through a few layers of reordered sums moves them
+# by ~1e-6 of their scale, a model that computes something else by its whole scale; 1e-4 of it lies between.
+SAME_LOGITS = 1e-4
+
+
+def against_peers(other: OtherTree, settings: DictConfig, device: Device) -> dict[str, Peer]:
+    """This tree's model of the settings and the other tree's twin, each with its own loss and AdamW, on one batch;
+    refused unless both compute the same logits (else the A/B would time two models)."""
     ours = Transformer(model_config(settings)).to(device.name)
-    theirs = other.twin(ours).to(device.name)
-    mine = peer(ours, settings, device)
-    peers = {"this tree": mine, label: Peer(theirs, partial(other.loss_of, theirs), ours,
-                                            other.make_optimizer(theirs, settings.train), mine.tokens)}
-    with torch.no_grad(), device.autocast():  # the same function, or the A/B compares two models
-        difference = (ours(mine.tokens[:, :-1]) - theirs(mine.tokens[:, :-1])).abs().max().item()
+    theirs, mine = other.twin(ours), peer(ours, settings, device)
+    with torch.no_grad(), device.autocast():
+        logits = ours(mine.tokens[:, :-1])
+        difference = (logits - theirs(mine.tokens[:, :-1])).abs().max().item()
+    if not difference <= SAME_LOGITS * logits.abs().max().item():
+        raise UsageError(f"--against={other.root}: its model's logits differ from this tree's by {difference:.3g} "
+                         f"on the same weights (largest logit {logits.abs().max().item():.3g}): it is another model")
+    return {"this tree": mine, str(other.root): Peer(theirs, partial(other.loss_of, theirs), ours,
+                                                     other.make_optimizer(theirs, settings.train), mine.tokens)}
+
+
+def bench_against(other: OtherTree, peers: dict[str, Peer], sizes: Sizes, repeats: int, device: Device) -> dict:
+    """The two trees' training steps, then their KV-cache decode at each batch, alternating."""
+    label, ours = str(other.root), peers["this tree"].model
     seconds, _, _ = timed_alternately(f"training, this tree and {label}",
                                       {name: partial(p.step, device) for name, p in peers.items()}, repeats, device)
-    results = {"against": label, "max_logit_difference": difference,
-               "training": speed_rows(seconds, tokens_per_step(peers), label)}
+    results = {"against": label, "training": speed_rows(seconds, tokens_per_step(peers), label)}
     ours = Transformer(replace(ours.cfg, context_length=sizes.decode_context)).to(device.name).eval()
-    theirs = other.twin(ours).to(device.name).eval()
+    theirs = other.twin(ours).eval()
     for batch in sizes.decode_batches:
         prompts = torch.randint(ours.cfg.vocab_size, (batch, sizes.prompt_tokens), device=device.name)
         seconds, last, _ = timed_alternately(f"decode, batch {batch}", {
@@ -579,14 +602,14 @@ def bench_against(other: OtherTree, sizes: Sizes, repeats: int, device: Device) 
             label: our_generation(theirs, prompts, sizes.new_tokens, True, device, engine_class=other.engine)},
             repeats, device)
         results[f"decode_b{batch}"] = speed_rows(seconds, {name: batch * sizes.new_tokens for name in seconds}, label)
+        # greedy tokens on the same weights: they part only on a near-tie of two logits
         results[f"decode_b{batch}_same_tokens"] = bool(torch.equal(last["this tree"][1], last[label][1]))
     return results
 
 
 def against_tables(r: dict, sizes: Sizes) -> str:
     label = r["against"]
-    tables = [f"Both on the same weights: their logits differ by at most {r['max_logit_difference']:.3g}.",
-              speed_table(r["training"], "tree", label)]
+    tables = [speed_table(r["training"], "tree", label)]
     for batch in sizes.decode_batches:
         tables.append(speed_table(r[f"decode_b{batch}"], "tree", label, measure=f"decode tokens/s, batch {batch}")
                       + f"\n\nthe same {sizes.new_tokens} greedy tokens: {r[f'decode_b{batch}_same_tokens']}")
@@ -681,7 +704,7 @@ def main(argv=None) -> int:
         settings = sizes.compose()
         if args.against:
             other = OtherTree.load(args.against)
-            other.twin(Transformer(model_config(settings)))  # a setting the other tree lacks fails now
+            peers = against_peers(other, settings, device)
         else:
             peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device)
     except UsageError as e:  # a bad override, a setting that builds no model, one transformers cannot mirror
@@ -691,7 +714,7 @@ def main(argv=None) -> int:
     load_before = os.getloadavg()
     started = time.perf_counter()
     if args.against or args.ablation:  # one table of one kind of run
-        speeds = (bench_against(other, sizes, repeats, device) if args.against
+        speeds = (bench_against(other, peers, sizes, repeats, device) if args.against
                   else bench_ablation(peers, repeats, device))
         print(f"{machine(device)} | {torch.get_num_threads()} threads | load {load_before[0]:.1f} -> "
               f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - started:.0f} s | medians of {repeats}\n")

@@ -111,7 +111,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
-        """Build from a dict (a checkpoint's JSON or Hydra's `model` node), ignoring keys that are not
-        the model's: the preset's name, and the attention's (derived from n_kv_heads; older checkpoints store it)."""
+        """Build from a dict (a checkpoint's JSON), ignoring keys that are not the model's: the attention's name
+        (derived from n_kv_heads; older checkpoints store it). A composed config goes through
+        training.config.model_config, which also checks the attention group's name against the head counts."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})

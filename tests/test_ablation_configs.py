@@ -136,3 +136,18 @@ def test_post_norm_trains_at_its_own_learning_rate_not_the_baselines():
         (CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["unigram_val_bpb"]
     assert finals[f"{config['train']['lr']:g}"] < level - 0.1
     assert finals[f"{STUDY['baseline']['best_lr']:g}"] > level - 0.01
+
+
+def test_the_baseline_is_the_model_the_study_ran():
+    """The recorded study (docs/ablation.md) trained this model: pinned in full, so that a change of ModelConfig's
+    defaults (llama_tiny's sizes) or of a group file cannot move the ablation's baseline unseen."""
+    config, _ = compose_run("+experiment=ablation", "ablation=baseline", "train.seed=0")
+    assert config["model"] == {
+        "name": "llama_ablation", "attention": "gqa", "d_model": 128, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2,
+        "context_length": 128, "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu",
+        "ffn_multiple_of": 32, "rope_base": 10000.0, "norm_eps": 1e-5, "dropout": 0.0, "bias": False,
+        "tie_embeddings": True, "embedding_scale": "gpt2"}
+    assert config["data"]["vocab_size"] == 4096
+    model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
+    block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352
+    assert model.num_params() == 4 * block + 4096 * 128 + 128 == 1_229_952  # docs/ablation.md: 1.23 M parameters

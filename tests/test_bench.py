@@ -168,12 +168,15 @@ def test_against_times_this_tree_beside_another_checkout_on_the_same_weights(tmp
     other = bench.OtherTree.load(root)
     assert Path(other.transformer.forward.__code__.co_filename).is_relative_to(root)  # from the other tree's files
     assert sys.modules["model"].Transformer is bench.Transformer  # and this tree's modules are back
-    r = bench.bench_against(other, bench.quick_sizes([]), 1, bench.Device("cpu"))
-    assert r["max_logit_difference"] == 0.0  # the same code on the same weights: the same logits, bit for bit
+    sizes, cpu = bench.quick_sizes([]), bench.Device("cpu")
+    peers = bench.against_peers(other, sizes.compose(), cpu)  # checks that both give the same logits
+    assert peers[str(root)].tokens is peers["this tree"].tokens
+    assert torch.equal(peers[str(root)].model.lm_head.weight, peers["this tree"].model.lm_head.weight)
+    r = bench.bench_against(other, peers, sizes, 1, cpu)
     for key in ("training", "decode_b1", "decode_b2"):
         assert list(r[key]) == ["this tree", str(root)] and r[key][str(root)]["vs_baseline"] == 1.0
     assert r["decode_b1_same_tokens"] and r["decode_b2_same_tokens"]
-    table = bench.against_tables(r, bench.quick_sizes([]))
+    table = bench.against_tables(r, sizes)
     assert f"| this tree | {r['decode_b2']['this tree']['tokens_per_s']:,.0f} |" in table
 
 
@@ -187,3 +190,13 @@ def test_against_refuses_a_tree_that_cannot_build_the_same_model(tmp_path, capsy
     assert bench.main(["--quick", "--against", str(tmp_path)]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"error: --against={tmp_path} is no checkout of this repo: it has no model/__init__.py")
+
+
+def test_against_refuses_a_tree_whose_model_computes_other_logits(tmp_path):
+    root = checkout_copy(tmp_path)
+    transformer = root / "model" / "transformer.py"
+    source = transformer.read_text()
+    assert "        x = self.tok_emb(tokens)\n" in source
+    transformer.write_text(source.replace("        x = self.tok_emb(tokens)\n", "        x = 2 * self.tok_emb(tokens)\n"))
+    with pytest.raises(bench.UsageError, match=r"its model's logits differ from this tree's by .* it is another model"):
+        bench.against_peers(bench.OtherTree.load(root), bench.quick_sizes([]).compose(), bench.Device("cpu"))
