@@ -36,7 +36,7 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     warmup_fraction: float = MISSING
     lr_decay_steps: Optional[int] = MISSING
     weight_decay: float = MISSING
-    betas: list[float] = MISSING
+    betas: tuple[float, float] = MISSING  # AdamW's (beta1, beta2); their range: training/config.py
     grad_clip: float = MISSING
     eval_interval: int = MISSING
     eval_tokens: int = MISSING
