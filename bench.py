@@ -580,9 +580,10 @@ def against_peers(other: OtherTree, settings: DictConfig, device: Device) -> dic
     with torch.no_grad(), device.autocast():
         logits = ours(mine.tokens[:, :-1])
         difference = (logits - theirs(mine.tokens[:, :-1])).abs().max().item()
-    if not difference <= SAME_LOGITS * logits.abs().max().item():
+    scale = logits.abs().max().item()
+    if not difference <= SAME_LOGITS * scale:
         raise UsageError(f"--against={other.root}: its model's logits differ from this tree's by {difference:.3g} "
-                         f"on the same weights (largest logit {logits.abs().max().item():.3g}): it is another model")
+                         f"on the same weights (largest logit {scale:.3g}): it is another model")
     return {"this tree": mine, str(other.root): Peer(theirs, partial(other.loss_of, theirs), ours,
                                                      other.make_optimizer(theirs, settings.train), mine.tokens)}
 
@@ -722,8 +723,9 @@ def main(argv=None) -> int:
         if args.json:
             write_json(args.json, speeds)
         return 0
+    model = model_config(settings)
     results = bench_training(peers, sizes, repeats, device)
-    decode, curves = bench_decode(model_config(settings), sizes, repeats, device)
+    decode, curves = bench_decode(model, sizes, repeats, device)
     results |= decode
     results["targets_met"] = {key: results[key] >= goal for key, goal in TARGETS.items()}
     results |= {"threads": torch.get_num_threads(), "device": device.name,
@@ -732,7 +734,7 @@ def main(argv=None) -> int:
                 "load_average_1min": {"start": load_before[0], "end": os.getloadavg()[0]},
                 "bench_seconds": time.perf_counter() - started, "quick": args.quick, "repeats": repeats,
                 "sizes": {k: v for k, v in vars(sizes).items() if k != "repeats"}
-                | {"batch_size": settings.train.batch_size, "model": model_config(settings).to_dict()}}
+                | {"batch_size": settings.train.batch_size, "model": model.to_dict()}}
     print(f"{results['machine']} | {results['threads']} threads | {results['dtype']} | torch {torch.__version__} | "
           f"transformers {transformers.__version__} | load {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f} | "
           f"{results['bench_seconds']:.0f} s | medians of {repeats}\n")
