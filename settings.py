@@ -14,7 +14,7 @@ from typing import Any, Optional, get_type_hints
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
+from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -23,6 +23,7 @@ from model.config import ModelConfig
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 COMPOSITION_ERRORS = (HydraException, OmegaConfBaseException)  # a bad override, key, value or group option
+CLUSTER_LAUNCHERS = ("joblib", "submitit_local", "submitit_slurm")  # Hydra's plugins in pyproject's [cluster] extra
 
 
 @dataclass
@@ -51,6 +52,7 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     resume: bool = MISSING
     compile: bool = MISSING
     device: str = MISSING
+    threads: Optional[int] = MISSING
     reference_tokens_per_s: Optional[float] = MISSING
 
 
@@ -103,35 +105,6 @@ class Settings:
 ConfigStore.instance().store(name="schema", node=Settings)
 
 
-# ${swept:}, registered before any composition: it names a multirun's job dirs (training/multirun.py)
-def swept_keys(command_line: list[str], sweeper_params) -> set[str]:
-    """The keys a multirun sweeps: those with several values on the command line, and hydra.sweeper.params'.
-    Arguments that are no override (Hydra's flags; a test runner's, where configs are composed in-process)
-    sweep nothing."""
-    parser, keys = OverridesParser.create(), {key.lstrip("+~") for key in sweeper_params or {}}
-    for argument in command_line:
-        try:
-            (override,) = parser.parse_overrides([argument])
-        except OverrideParseException:
-            continue
-        if override.is_sweep_override():
-            keys.add(override.key_or_group)
-    return keys
-
-
-def swept(_root_) -> str:
-    """This job's values of the swept keys as key=value,key=value (the keys that
-    hydra.job.config.override_dirname.exclude_keys names left out), for its dir's name."""
-    hydra = _root_.hydra
-    keys = swept_keys(sys.argv[1:], hydra.sweeper.get("params")) - set(hydra.job.config.override_dirname.exclude_keys)
-    own = OverridesParser.create().parse_overrides(list(hydra.overrides.task))
-    name = ",".join(sorted(o.input_line.lstrip("+~") for o in own if o.key_or_group in keys)) or "run"
-    return name.replace("/", "_")  # a swept path names one dir, not a tree
-
-
-OmegaConf.register_new_resolver("swept", swept, replace=True)
-
-
 def compose_config(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
     """configs/config.yaml with these command-line overrides, as train.py would see it. A mistyped key or
     value or an unknown group option is a ConfigError of one line; its __cause__ is Hydra's own error."""
@@ -143,16 +116,35 @@ def compose_config(overrides: list[str], return_hydra_config: bool = False) -> D
 
 
 def check_command_line(argv: list[str]) -> None:
-    """Composes the config from these overrides as @hydra.main will, so that a mistyped key or value or
-    an unknown group option (attention=foo) is one `error:` line and exit 2 rather than Hydra's
-    multi-line message and exit 1. Hydra's own flags (-m, --cfg, --help, ...) are left to Hydra."""
-    if any(arg.startswith("-") for arg in argv):
+    """Composes the config from these overrides as @hydra.main will, so that a mistyped key or value,
+    an unknown group option (attention=foo) or a launcher that is not installed is one `error:` line and
+    exit 2 rather than Hydra's multi-line message and exit 1, before anything is written. With -m, every
+    value of every swept key is composed once (see sample_jobs). Hydra's other flags (--cfg, --help, ...)
+    are left to Hydra."""
+    flags = {arg for arg in argv if arg.startswith("-")}
+    if flags - {"-m", "--multirun"}:
         return
+    overrides = [arg for arg in argv if not arg.startswith("-")]
     try:
-        compose_config(argv)
+        for job in sample_jobs(overrides) if flags else [overrides]:
+            compose_config(job, return_hydra_config=True)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+
+
+def sample_jobs(overrides: list[str]) -> list[list[str]]:
+    """A multirun's overrides as the fewest jobs that give each swept key each of its values: job k takes every
+    key's k-th value (or its last). Keys are checked one by one, so these jobs find any value that cannot be
+    composed; a glob or an interval, whose values only a sweeper can list, is left to Hydra."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        values = [[f"{o.get_key_element()}={value}" for value in o.sweep_string_iterator()]
+                  if o.is_choice_sweep() or o.is_range_sweep() else [o.input_line] for o in parsed]
+    except HydraException as err:
+        raise ConfigError(composition_error(err)) from err
+    return [[choices[min(k, len(choices) - 1)] for choices in values]
+            for k in range(max(map(len, values), default=1))]
 
 
 def composition_error(err: Exception) -> str:
@@ -161,4 +153,7 @@ def composition_error(err: Exception) -> str:
     message = str(err).split("Config search path")[0]
     if isinstance(err.__cause__, OmegaConfBaseException):
         message += ": " + str(err.__cause__).splitlines()[0]
+    for launcher in CLUSTER_LAUNCHERS:
+        if f"Could not find 'hydra/launcher/{launcher}'" in message:
+            return f"hydra/launcher={launcher}: its plugin is not installed; pip install -e \".[cluster]\" installs it"
     return " ".join(message.split())

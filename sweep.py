@@ -7,8 +7,16 @@ compare interventions: by final loss against learning rate, not at one shared le
     python compare.py multirun/lr_sweep --lr-plot docs/ablation_lr.png --plot docs/ablation.png
 
 Every run is `python train.py +experiment=ablation ablation=<variant> train.lr=<lr> train.min_lr=<lr/10>
-train.seed=<seed>` (min_lr keeps the baseline schedule's ratio of 10) in OUT/<variant>/lr<lr>/seed<seed>/,
-with its output in train.log there. Stages:
+train.seed=<seed>` (min_lr keeps the baseline schedule's ratio of 10) in OUT/<variant>/lr<lr>/seed<seed>/.
+sweep.py plans and a Hydra launcher runs: each stage is one multirun of the points it still misses
+(launch()), so the overrides after `--` choose where the runs go:
+
+    python sweep.py -- hydra/launcher=joblib hydra.launcher.n_jobs=2 train.threads=1   # 2 at a time, 1 core each
+    python sweep.py -- hydra/launcher=submitit_slurm hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1
+
+(the launchers: pip install -e ".[cluster]"; without one, Hydra's basic launcher runs the points one after
+another in one process; docs/cluster.md). The overrides reach every run too (e.g. `-- model.n_layers=2` for
+a smaller study); a run's lr, seed and warm-up are the study's, so overriding them is refused. Stages:
   1. grid    each variant at each --lrs, seed 0; the --probe variants also with train.warmup_fraction=0,
              as `<variant>-nowarmup`
   2. edges   a line whose best lr is the grid's lowest or highest gets the next point beyond it, in the
@@ -16,33 +24,39 @@ with its output in train.log there. Stages:
   3. seeds   each variant at its best lr, seeds 1 .. --seeds - 1 (the no-warm-up lines keep seed 0)
 A line's best lr: the lowest final val bpb among its seed-0 runs that completed (a diverged run has none).
 A run whose summary.json records how it ended (completed, or diverged) is kept, so the same command
-resumes a study that was stopped: a run dir without one is deleted and run again.
-
---jobs runs that many trainings at once, each with cores / jobs torch threads; extra Hydra overrides after
-`--` go to every run before its own (e.g. `-- model.n_layers=2` for a smaller study; a run's lr, seed and
-warm-up are the study's).
+resumes a study that was stopped (Ctrl-C, or a cluster's pre-empted jobs): a run dir without one is deleted
+and run again. A stage with a run that ended without a result (a bad setting, mostly) stops the study with
+one `error:` line that names those runs.
 """
 import argparse
 import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 import compare
 from errors import UsageError
+from settings import compose_config
 from storage.files import write_json
+from training.multirun import RECORDS
+from training.run_lock import dir_lock
 
 ROOT = Path(__file__).resolve().parent
 VARIANTS = ("baseline", "layernorm", "postnorm", "sinusoidal", "mha", "relu", "transformer2017",
             "learned", "nope", "sinusoidal2017", "postnorm2017")
 PROBE = ("baseline", "postnorm")  # Pre-Norm and Post-Norm, with and without warm-up (Xiong et al. 2020)
 GRID = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # x2 steps, 64x in all
+# Where a study's runs go: set by launch(), so the overrides after -- may not
+PLACEMENT = ("ablation", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchpath")
 
 
 @dataclass(frozen=True)
@@ -57,17 +71,19 @@ class Point:
         """The name compare.py shows: the variant, or `<variant>-nowarmup`."""
         return self.variant if self.warmup else f"{self.variant}-nowarmup"
 
-    def run_dir(self, out: Path) -> Path:
-        return out / self.line / f"lr{self.lr:.4g}" / f"seed{self.seed}"
+    @property
+    def name(self) -> str:
+        """Its run dir under the study's."""
+        return f"{self.line}/lr{self.lr:.4g}/seed{self.seed}"
 
-    def overrides(self, out: Path) -> list[str]:
-        overrides = ["+experiment=ablation", f"ablation={self.variant}", f"train.lr={self.lr:.6g}",
-                     f"train.min_lr={self.lr / 10:.6g}", f"train.seed={self.seed}",
-                     f"hydra.run.dir={self.run_dir(out)}", "wandb.group=lr_sweep",
-                     f"wandb.name=lr_sweep-{self.line}-lr{self.lr:.4g}-seed{self.seed}"]
+    def settings(self) -> dict:
+        """What the point sets itself, as key: value (its config, OUT/.plan/point/<name>.yaml)."""
+        settings = {"train.lr": float(f"{self.lr:.6g}"), "train.min_lr": float(f"{self.lr / 10:.6g}"),
+                    "train.seed": self.seed, "wandb.group": "lr_sweep",
+                    "wandb.name": f"lr_sweep-{self.line}-lr{self.lr:.4g}-seed{self.seed}"}
         if not self.warmup:
-            overrides += ["train.warmup_fraction=0", f"variant={self.line}"]
-        return overrides
+            settings |= {"train.warmup_fraction": 0, "variant": self.line}
+        return settings
 
 
 def finished(run_dir: Path) -> dict | None:
@@ -80,45 +96,94 @@ def finished(run_dir: Path) -> dict | None:
     return summary if reason == "completed" or reason.startswith("diverged") else None
 
 
-def train(point: Point, out: Path, extra: list[str], threads: int) -> tuple[Point, dict, float]:
-    run_dir = point.run_dir(out)
-    summary = finished(run_dir)
-    if summary is not None:
-        return point, summary, 0.0
-    shutil.rmtree(run_dir, ignore_errors=True)  # a run that was killed: start it again from scratch
-    run_dir.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    start = time.perf_counter()
-    with open(run_dir / "train.log", "w") as log:
-        code = subprocess.run([sys.executable, str(ROOT / "train.py"), *extra, *point.overrides(out)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
-    summary = finished(run_dir)
-    if summary is None:  # a bad setting (exit 2) or a signal: nothing else in the study would fare better
-        last = (run_dir / "train.log").read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise RunFailed(f"{point.line} lr {point.lr:g} seed {point.seed} ended with exit code {code}: "
-                        f"{last[0]} (log: {run_dir / 'train.log'})")
-    return point, summary, time.perf_counter() - start
-
-
 class RunFailed(UsageError):
-    """A run that ended without a result of its own (completed or diverged): a bad setting, mostly."""
+    """Runs that ended without a result of their own (completed or diverged): a bad setting, mostly."""
 
 
-def run_all(points: list[Point], out: Path, extra: list[str], jobs: int, threads: int, done: list) -> None:
-    """Trains the points, `jobs` at a time, in order; after a failure no new run starts."""
-    queue = list(reversed(points))
-    with ThreadPoolExecutor(jobs) as pool:
-        running = set()
-        while queue or running:
-            while queue and len(running) < jobs:
-                running.add(pool.submit(train, queue.pop(), out, extra, threads))
-            ended, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in ended:
-                point, summary, seconds = future.result()  # RunFailed goes up once the running ones end
-                done.append(point)
-                result = f"val bpb {summary['val_bpb']:.4f}" if "val_bpb" in summary else summary["stop_reason"]
-                took = f"{seconds:.0f} s" if seconds else "kept from an earlier run"
-                print(f"[{len(done)}] {point.line} lr {point.lr:g} seed {point.seed}: {result} ({took})", flush=True)
+class StudyStopped(Exception):
+    """Ctrl-C (or SIGINT) while the study ran: the runs in progress saved their checkpoints and stopped."""
+
+
+@contextmanager
+def study_dir(out: Path):
+    """The study's dir, this process's alone while the study runs (a second study there is one error line)."""
+    with dir_lock(out / ".lock", f"--out {out} is in use by another study (pid {{pid}}); wait for it to end"):
+        yield
+
+
+def check_overrides(overrides: list[str], points: list) -> None:
+    """The overrides after --, refused before anything is written: one that sets what the study's points set
+    themselves (a point's config would lose to it), and any that cannot be composed (a mistyped key or value, an
+    unknown launcher or one whose plugin is not installed)."""
+    own = set(PLACEMENT).union(*(point.settings() for point in points))
+    for override in overrides:
+        key = override.split("=")[0].lstrip("+~")
+        if key in own:
+            raise UsageError(f"{override}: the study sets {key} for each run itself")
+    compose_config(["+experiment=ablation", f"ablation={points[0].variant}", *overrides], return_hydra_config=True)
+
+
+def launch(points: list, out: Path, overrides: list[str], stage: str, done: list) -> None:
+    """Trains the points (each with a variant, a name and its settings) that have no result yet in OUT/<name>,
+    as one Hydra multirun: python train.py -m +experiment=ablation <overrides> +point=<name>,<name>,...
+
+    Each point is a config of the group `point`, written to OUT/.plan/point/<name>.yaml; the multirun's launcher
+    (basic, joblib, submitit_slurm, ...: the overrides choose it) runs them, each in OUT/<name>. A run dir
+    without a result (a run that was killed or stopped) is deleted first, and the point runs again from its
+    start. The multirun's output goes to OUT/logs/<stage>.log; a line is printed as each run ends."""
+    todo = [p for p in points if finished(out / p.name) is None]
+    if len(todo) < len(points):
+        print(f"{stage}: {len(points) - len(todo)} of {len(points)} runs kept from an earlier call", flush=True)
+    if not todo:
+        return
+    plan = out / ".plan"
+    for point in todo:
+        shutil.rmtree(out / point.name, ignore_errors=True)
+        settings = OmegaConf.create()
+        for key, value in point.settings().items():
+            OmegaConf.update(settings, key, value)
+        body = OmegaConf.to_yaml(settings)
+        config = plan / "point" / f"{point.name}.yaml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(f"# @package _global_\ndefaults:\n  - override /ablation: {point.variant}\n\n{body}")
+    log = out / "logs" / f"{stage}.log"
+    log.parent.mkdir(exist_ok=True)
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "+experiment=ablation", "hydra.sweeper.params=null",
+               f"hydra.searchpath=[file://{plan.resolve()}]", f"hydra.sweep.dir={out}",
+               "hydra.sweep.subdir=${hydra:runtime.choices.point}", *overrides,
+               "+point=" + ",".join(p.name for p in todo)]
+    print(f"{stage}: {len(todo)} runs, as one multirun (its output: {log})", flush=True)
+    started, waiting = time.perf_counter(), list(todo)
+    with open(log, "a") as output:
+        # a session of its own: Ctrl-C reaches this process alone, which passes it on exactly once (a second
+        # SIGINT would abort the runs before their checkpoints)
+        multirun = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        try:
+            while waiting:
+                ended = multirun.poll() is not None
+                for point in [p for p in waiting if finished(out / p.name)]:
+                    waiting.remove(point)
+                    done.append(point)
+                    summary = finished(out / point.name)
+                    result = f"val bpb {summary['val_bpb']:.4f}" if "val_bpb" in summary else summary["stop_reason"]
+                    print(f"[{len(done)}] {point.name}: {result} "
+                          f"({time.perf_counter() - started:.0f} s into the stage)", flush=True)
+                if ended:
+                    break
+                time.sleep(1)
+        except KeyboardInterrupt:
+            os.killpg(multirun.pid, signal.SIGINT)  # the multirun and its jobs' processes
+            multirun.wait()
+            raise StudyStopped from None
+    multirun.wait()
+    if waiting:
+        codes = {}
+        for record in (out / RECORDS).glob("*.json"):
+            entry = json.loads(record.read_text())
+            codes[Path(entry["dir"]).resolve()] = entry["exit_code"]
+        failed = ", ".join(f"{p.name} (exit {codes.get((out / p.name).resolve(), '?')})" for p in waiting)
+        raise RunFailed(f"{stage}: {len(waiting)} of {len(todo)} runs ended without a result: {failed}; "
+                        f"their output: {log}")
 
 
 def best_lrs(out: Path, lines: list[str]) -> dict[str, float | None]:
@@ -141,51 +206,60 @@ def main(argv=None) -> None:
     parser.add_argument("--lrs", type=float, nargs="+", default=list(GRID), help="the grid, ascending")
     parser.add_argument("--seeds", type=int, default=3, help="seeds at each variant's best lr")
     parser.add_argument("--widen", type=int, default=2, help="extra grid points allowed beyond each edge")
-    parser.add_argument("--jobs", type=int, default=2, help="trainings at once")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run, after --")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run and the launcher, after --")
     args = parser.parse_args(argv)
     lrs = sorted(args.lrs)
     if len(lrs) < 2 or lrs[0] <= 0 or len(set(lrs)) < len(lrs):
         parser.error(f"--lrs {' '.join(map(str, args.lrs))}: at least two distinct positive learning rates")
-    if args.seeds < 1 or args.jobs < 1 or args.widen < 0:
-        parser.error(f"--seeds {args.seeds} and --jobs {args.jobs} must be >= 1, --widen {args.widen} >= 0")
+    if args.seeds < 1 or args.widen < 0:
+        parser.error(f"--seeds {args.seeds} must be >= 1, --widen {args.widen} >= 0")
+    run_main(lambda: run_study(args.out, args.variants, args.probe, lrs, args.seeds, args.widen, args.overrides))
+
+
+def run_main(study) -> None:
+    """Runs a study as a script does: bad input is one `error:` line and exit 2; Ctrl-C one line and exit 130."""
     try:
-        run_study(args.out, args.variants, args.probe, lrs, args.seeds, args.widen, args.jobs, args.overrides)
+        study()
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except (KeyboardInterrupt, StudyStopped):
+        print("stopped: the runs in progress saved a checkpoint and stopped; the same command resumes the study "
+              "(finished runs are kept, stopped ones run again)", file=sys.stderr)
+        sys.exit(130)
 
 
 def run_study(out: Path, variants: list[str], probe: list[str], lrs: list[float], n_seeds: int, widen: int,
-              jobs: int, overrides: list[str]) -> None:
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+              overrides: list[str]) -> None:
     started, done = time.perf_counter(), []
-    print(f"study in {out}: {len(variants)} variants x {len(lrs)} learning rates "
-          f"({lrs[0]:g} .. {lrs[-1]:g}), {jobs} jobs x {threads} threads", flush=True)
     grid = [Point(v, lr, warmup=w) for w in (True, False) for v in (variants if w else probe)
             for lr in lrs]
-    run_all(grid, out, overrides, jobs, threads, done)
-    lines = {p.line: p for p in grid}  # one Point per line: its variant and warm-up
-    low_ratio, high_ratio = lrs[0] / lrs[1], lrs[-1] / lrs[-2]
-    for _ in range(widen):
-        best = best_lrs(out, list(lines))
-        tried = {line: sorted(float(d.name[2:]) for d in (out / line).glob("lr*")) for line in lines}
-        extra = [Point(p.variant, lr, warmup=p.warmup) for line, p in lines.items() if best[line] is not None
-                 for lr in ([best[line] * low_ratio] if best[line] <= tried[line][0] else [])
-                 + ([best[line] * high_ratio] if best[line] >= tried[line][-1] else [])]
-        if not extra:
-            break
-        run_all(extra, out, overrides, jobs, threads, done)
+    check_overrides(overrides, grid)
+    print(f"study in {out}: {len(variants)} variants x {len(lrs)} learning rates ({lrs[0]:g} .. {lrs[-1]:g})",
+          flush=True)
+    with study_dir(out):
+        launch(grid, out, overrides, "grid", done)
+        lines = {p.line: p for p in grid}  # one Point per line: its variant and warm-up
+        low_ratio, high_ratio = lrs[0] / lrs[1], lrs[-1] / lrs[-2]
+        for edge in range(widen):
+            best = best_lrs(out, list(lines))
+            tried = {line: sorted(float(d.name[2:]) for d in (out / line).glob("lr*")) for line in lines}
+            extra = [Point(p.variant, lr, warmup=p.warmup) for line, p in lines.items() if best[line] is not None
+                     for lr in ([best[line] * low_ratio] if best[line] <= tried[line][0] else [])
+                     + ([best[line] * high_ratio] if best[line] >= tried[line][-1] else [])]
+            if not extra:
+                break
+            launch(extra, out, overrides, f"edges{edge + 1}", done)
 
-    best = best_lrs(out, list(lines))
-    seeds = [Point(p.variant, best[line], seed) for line, p in lines.items() if p.warmup and best[line]
-             for seed in range(1, n_seeds)]
-    run_all(seeds, out, overrides, jobs, threads, done)
+        best = best_lrs(out, list(lines))
+        seeds = [Point(p.variant, best[line], seed) for line, p in lines.items() if p.warmup and best[line]
+                 for seed in range(1, n_seeds)]
+        launch(seeds, out, overrides, "seeds", done)
+        write_json(out / "best_lr.json", best)
 
     print(f"\n{len(done)} runs in {(time.perf_counter() - started) / 60:.1f} min. Best learning rates:")
     for line, lr in best.items():
         print(f"  {line}: {lr:g}" if lr else f"  {line}: no run completed")
-    write_json(out / "best_lr.json", best)
     print(f"\npython compare.py {out} --lr-plot docs/ablation_lr.png --plot docs/ablation.png")
 
 

@@ -83,6 +83,8 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     micro_batch, accum_steps = check_train_config(tcfg, world_size())
     eval_windows = eval_window_count(tcfg, T)
     device = resolve_device(tcfg.device)
+    if tcfg.threads is not None:  # N jobs of a multirun on one machine share its cores
+        torch.set_num_threads(tcfg.threads)
     tracking_mode = wandb_mode(cfg.wandb.mode)
     if int(os.environ.get("RANK", 0)) == 0:  # the run dir is this run's alone (DDP's other ranks write nothing there)
         held.enter_context(run_dir_lock(run_dir))

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from errors import ConfigError
 from model import ModelConfig, Transformer
-from settings import compose_config
+from settings import compose_config, sample_jobs
 from training.config import model_config
 
 MODERN = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa", "ffn": "swiglu"}
@@ -143,3 +143,10 @@ def test_the_quick_experiment_is_the_two_minute_grids_winner():
     assert (cfg.data.vocab_size, cfg.train.batch_size, cfg.train.lr, cfg.train.min_lr) == (1024, 16, 5e-3, 5e-4)
     assert cfg.train.time_budget == "2m" and cfg.train.max_steps is None
     assert compose_config([]).train.time_budget == "5m"
+
+
+def test_a_multiruns_check_composes_every_value_of_every_swept_key_once():
+    jobs = sample_jobs(["train.lr=1e-3,abc", "+point=a/b,c", "train.seed=0", "x=range(1,3)"])
+    assert jobs == [["train.lr=0.001", "+point=a/b", "train.seed=0", "x=1"],
+                    ["train.lr=abc", "+point=c", "train.seed=0", "x=2"]]
+    assert sample_jobs([]) == [[]]

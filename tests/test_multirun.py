@@ -1,11 +1,16 @@
-"""train.py -m: every job of a sweep in a dir of its own, named by its swept overrides; a failed job makes the
-whole command exit non-zero and is named; compare.py reads the layout."""
+"""train.py -m under Hydra's basic, joblib and submitit_local launchers: every job of a sweep in a dir of its own,
+named by its swept overrides; a failed job makes the whole command exit non-zero and is named; a sweep dir in
+use, an unknown launcher and one whose plugin is not installed are one line; compare.py reads the layout."""
+import os
 import subprocess
+import sys
 
 import pytest
 
 import compare
-from data_helpers import ROOT, TRAIN, TRAIN_ENV
+from data_helpers import ROOT, TRAIN, TRAIN_ENV, summary
+from training.multirun import RECORDS
+from training.run_lock import dir_lock
 
 # tiny_run's settings without its run dir and link: a multirun names its own dirs
 SWEEP_SETTINGS = ["train.seed=0", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1",
@@ -13,9 +18,9 @@ SWEEP_SETTINGS = ["train.seed=0", "model.d_model=32", "model.n_layers=1", "model
                   "train.eval_tokens=256", "train.sample_tokens=8", "wandb.mode=disabled", "latest_link=null"]
 
 
-def multirun(workdir, tiny, *overrides) -> subprocess.CompletedProcess:
+def multirun(workdir, tiny, *overrides, command=TRAIN) -> subprocess.CompletedProcess:
     data = [o for o in tiny if o.startswith("data")]
-    return subprocess.run([*TRAIN, "-m", *overrides, *data, *SWEEP_SETTINGS, f"hydra.sweep.dir={workdir / 'sweep'}"],
+    return subprocess.run([*command, "-m", *overrides, *data, *SWEEP_SETTINGS, f"hydra.sweep.dir={workdir / 'sweep'}"],
                           cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
 
 
@@ -59,3 +64,45 @@ def test_a_multirun_with_an_unreadable_value_exits_non_zero(workdir, tiny):
     done = multirun(workdir / "mistyped", tiny, "train.lr=1e-3,abc")
     assert done.returncode != 0
     assert "train.lr=abc" in done.stderr and not (workdir / "mistyped" / "sweep" / "train.lr=0.001").exists()
+
+
+@pytest.mark.parametrize("launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
+                                      ["hydra/launcher=submitit_local"]], ids=["joblib", "submitit_local"])
+def test_a_launcher_keeps_every_job_and_a_failed_one_fails_the_multirun(workdir, tiny, launcher):
+    """The jobs run in other processes (joblib's workers; submitit's, as on a SLURM node): each names its own dir
+    from the multirun's swept keys, and each records its end where the launching process reads it."""
+    sweep = workdir / launcher[0].split("=")[1] / "sweep"
+    done = multirun(sweep.parent, tiny, *launcher, "train.threads=1", "train.lr=1e-3,2e-3,-1")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == f"error: 1 of 3 jobs failed: {sweep / 'train.lr=-1'} (exit 2)"
+    for lr in ("0.001", "0.002"):
+        assert summary(sweep / f"train.lr={lr}")["stop_reason"] == "completed"
+        assert f"lr: {lr}\n" in (sweep / f"train.lr={lr}" / "config.yaml").read_text()  # its own job's settings
+
+
+def test_a_sweep_dir_in_use_by_another_multirun_is_one_line(workdir, tiny):
+    sweep = workdir / "busy" / "sweep"
+    with dir_lock(sweep / RECORDS / "lock", "held by this test, as a running multirun holds it"):
+        done = multirun(sweep.parent, tiny, "train.lr=1e-3,2e-3")
+    assert done.returncode == 2
+    assert [line for line in done.stderr.splitlines() if line.startswith("error:")] == [
+        f"error: hydra.sweep.dir={sweep} is in use by another multirun (pid {os.getpid()}); wait for it to end or "
+        f"choose another"]
+    assert not (sweep / "train.lr=0.001").exists()
+
+
+# train.py with Hydra's plugin package emptied: no launcher plugin is installed, as on a machine without [cluster]
+WITHOUT_PLUGINS = (sys.executable, "-c", "import runpy, sys, hydra_plugins; hydra_plugins.__path__ = []; "
+                   "sys.argv[0] = 'train.py'; runpy.run_path('train.py', run_name='__main__')")
+
+
+@pytest.mark.parametrize("launcher, command, message", [
+    ("foo", TRAIN, "In 'hydra/config': Could not find 'hydra/launcher/foo' Available options in 'hydra/launcher': "
+                   "basic joblib submitit_local submitit_slurm"),
+    ("submitit_slurm", WITHOUT_PLUGINS,
+     'hydra/launcher=submitit_slurm: its plugin is not installed; pip install -e ".[cluster]" installs it')])
+def test_an_unknown_or_missing_launcher_is_one_line_before_any_job(workdir, tiny, launcher, command, message):
+    sweep = workdir / f"launcher-{launcher}" / "sweep"
+    done = multirun(sweep.parent, tiny, f"hydra/launcher={launcher}", "train.lr=1e-3,2e-3", command=command)
+    assert (done.returncode, done.stderr.strip()) == (2, f"error: {message}")
+    assert not sweep.exists()

@@ -1,8 +1,14 @@
-"""sweep.py end to end on a tiny model and corpus: 2 variants x 2 learning rates, seeds at each best,
-then compare.py's learning-rate table, curve table, JSON and plot on the same dirs; a second call
-keeps every finished run and one killed mid-way is run again."""
+"""sweep.py end to end on a tiny model and corpus, its stages run by Hydra's joblib launcher: 2 variants x 2
+learning rates, seeds at each best, then compare.py's learning-rate table, curve table, JSON and plot on the
+same dirs; a second call keeps every finished run and one killed mid-way is run again; Ctrl-C stops the study
+with one line and the same command resumes it; bad input, a failed run and a study dir in use are one line."""
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,23 +16,29 @@ from matplotlib.image import imread
 
 import compare
 import sweep
-from data_helpers import write_corpus
+from data_helpers import ROOT, TRAIN_ENV, write_corpus
+from training.run_lock import dir_lock
 
 LRS = (3e-3, 3e-2)
+
+
+def tiny_study(root: Path) -> list[str]:
+    """Overrides for a study of tiny runs on write_corpus's text."""
+    corpus = write_corpus(root / "corpus.txt")
+    return ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={root / 'cache'}",
+            "data.num_proc=1", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
+            "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.max_steps=6",
+            "train.time_budget=null", "train.eval_interval=3", "train.eval_tokens=512", "wandb.mode=disabled",
+            f"latest_link={root / 'latest'}"]
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
-    corpus = write_corpus(root / "corpus.txt")
-    overrides = ["data=text", f"data.path={corpus}", "data.vocab_size=300", f"data.cache_dir={root / 'cache'}",
-                 "data.num_proc=1", "model.d_model=32", "model.n_layers=2", "model.n_heads=2", "model.n_kv_heads=1",
-                 "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.max_steps=6", "train.time_budget=null",
-                 "train.warmup_fraction=0.25", "train.eval_interval=3", "train.eval_tokens=512", "wandb.mode=disabled",
-                 f"latest_link={root / 'latest'}"]
     out = root / "study"
     args = ["--out", str(out), "--variants", "baseline", "postnorm", "--probe", "postnorm", "--lrs", *map(str, LRS),
-            "--seeds", "2", "--widen", "0", "--jobs", "2", *overrides]
+            "--seeds", "2", "--widen", "0", "--", *tiny_study(root),
+            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]
     sweep.main(args)
     return out, args
 
@@ -51,9 +63,9 @@ def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys
     (killed / "summary.json").unlink()
     sweep.main(args)
     printed = capsys.readouterr().out
-    assert printed.count("kept from an earlier run") == 7  # 8 runs, one of them killed
-    rerun = [line for line in printed.splitlines() if f"baseline lr {LRS[0]:g} seed 0: val bpb" in line]
-    assert len(rerun) == 1 and "kept" not in rerun[0] and rerun[0].endswith(" s)")
+    assert "grid: 5 of 6 runs kept from an earlier call" in printed and "seeds: 2 of 2 runs kept" in printed
+    assert [line for line in printed.splitlines() if line.startswith("[")] == [
+        line for line in printed.splitlines() if line.startswith(f"[1] baseline/lr{LRS[0]:.4g}/seed0: val bpb ")]
     assert json.loads((killed / "summary.json").read_text())["stop_reason"] == "completed"
 
 
@@ -84,7 +96,9 @@ def _bytes_per_token(run_dir: Path) -> float:
 
 
 @pytest.mark.parametrize("args, message", [(["--lrs", "1e-3"], "--lrs 0.001: at least two"),
-                                           (["--seeds", "0"], "--seeds 0 and --jobs 2 must be >= 1")])
+                                           (["--seeds", "0"], "--seeds 0 must be >= 1"),
+                                           (["--", "train.lr=1"], "train.lr=1: the study sets train.lr for each run itself"),
+                                           (["--", "hydra/launcher=foo"], "Could not find 'hydra/launcher/foo'")])
 def test_bad_arguments_are_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         sweep.main(args)
@@ -92,12 +106,64 @@ def test_bad_arguments_are_one_line(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_run_that_fails_to_start_stops_the_study_with_its_error(tmp_path, capsys):
+def test_a_setting_that_cannot_be_composed_is_one_line_and_nothing_is_written(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        sweep.main(["--out", str(tmp_path), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3",
-                    "--jobs", "1", "train.batch_size=abc"])
+        sweep.main(["--out", str(tmp_path / "study"), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3",
+                    "--", "train.batch_size=abc"])
     assert exit_info.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: baseline lr 0.001 seed 0 ended with exit code 2: error: ")
-    assert "train.batch_size" in err[0] and "train.log" in err[0]
-    assert not (tmp_path / "baseline" / "lr0.002").exists()  # the study stopped at its first failure
+    assert capsys.readouterr().err.splitlines() == [
+        "error: Error merging override train.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"]
+    assert not (tmp_path / "study").exists()
+
+
+def test_runs_that_fail_stop_the_study_with_one_line_that_names_them(tmp_path, capsys):
+    out = tmp_path / "study"
+    with pytest.raises(SystemExit) as exit_info:  # composes, but has no corpus to train on
+        sweep.main(["--out", str(out), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3", "--",
+                    *tiny_study(tmp_path), f"data.path={tmp_path / 'missing.txt'}"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: grid: 2 of 2 runs ended without a result: baseline/lr0.001/seed0 (exit 2), "
+                   f"baseline/lr0.002/seed0 (exit 2); their output: {out / 'logs' / 'grid.log'}"]
+    assert "missing.txt" in (out / "logs" / "grid.log").read_text() and not (out / "best_lr.json").exists()
+
+
+def test_a_study_dir_in_use_is_one_line(tmp_path, capsys):
+    with dir_lock(tmp_path / ".lock", "held by this test, as a running study holds it"):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(["--out", str(tmp_path), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --out {tmp_path} is in use by another study (pid {os.getpid()}); wait for it to end"]
+
+
+def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tmp_path):
+    out = tmp_path / "study"
+    command = [sys.executable, str(ROOT / "sweep.py"), "--out", str(out), "--variants", "baseline", "--probe",
+               "--lrs", "1e-3", "2e-3", "--seeds", "1", "--widen", "0", "--", *tiny_study(tmp_path),
+               "train.max_steps=150", "train.eval_interval=150"]
+    study = subprocess.Popen(command, cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    first = out / "baseline" / "lr0.001" / "seed0" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not first.exists() and time.monotonic() < deadline and study.poll() is None:
+        time.sleep(0.1)
+    os.killpg(study.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
+    _, err = study.communicate(timeout=120)
+    assert study.returncode == 130
+    assert err.splitlines() == ["stopped: the runs in progress saved a checkpoint and stopped; the same command "
+                                "resumes the study (finished runs are kept, stopped ones run again)"]
+    assert json.loads((first.parent / "summary.json").read_text())["stop_reason"] != "completed"
+    again = subprocess.run(command, cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith("[")] == [
+        "[1] baseline/lr0.001/seed0", "[2] baseline/lr0.002/seed0"]
+    assert json.loads((first.parent / "summary.json").read_text())["steps"] == 150
+
+
+def test_the_slurm_command_of_docs_cluster_md_composes():
+    """The overrides docs/cluster.md gives for a SLURM cluster are settings of the submitit_slurm launcher."""
+    sweep.check_overrides(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
+                           "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=8",
+                           "hydra.launcher.timeout_min=30", "hydra.launcher.array_parallelism=32"],
+                          [sweep.Point("baseline", 1e-3)])

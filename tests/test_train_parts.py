@@ -81,6 +81,7 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be a number in [0, train.lr=0.01]"),
     ({"warmup_fraction": 1.0}, 1, "train.warmup_fraction=1.0 must be a number in [0, 1)"),
     ({"reference_tokens_per_s": 0.0}, 1, "train.reference_tokens_per_s=0.0 must be a positive number or null"),
+    ({"threads": 0}, 1, "train.threads=0 must be a positive integer or null"),
 ])
 def test_train_settings_checks(changes, world_size, message):
     train = train_settings(**changes)

@@ -54,6 +54,8 @@ def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
         raise ConfigError(f"train.betas={betas} must be two numbers in [0, 1), e.g. [0.9, 0.95]")
     if train.seed < 0:
         raise ConfigError(f"train.seed={train.seed} must be an integer >= 0")
+    if train.threads is not None and train.threads < 1:
+        raise ConfigError(f"train.threads={train.threads} must be a positive integer or null")
     if train.batch_size % world_size:
         raise ConfigError(f"train.batch_size={train.batch_size} must be a multiple of the {world_size} processes")
     per_process = train.batch_size // world_size

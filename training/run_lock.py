@@ -1,9 +1,10 @@
-"""One writer per run dir: an exclusive fcntl lock on run_dir/.lock, held for the whole run.
+"""One writer per dir: an exclusive fcntl lock on a file in it, held for as long as the writer works there.
 
 The OS drops the lock when the holder's process ends, however it ends (kill -9 included), so a
-stale lock never blocks the next run. The holder writes its pid into the file, so a second run
-on the same dir can say which process has it. Under DDP only rank 0 takes it (the other ranks
-write nothing of their own to the run dir).
+stale lock never blocks the next writer. The holder writes its pid into the file, so a second writer
+can say which process has it. A run dir's lock is run_dir/.lock, held for the whole run (under DDP
+only rank 0 takes it: the other ranks write nothing of their own to the run dir); a multirun's and a
+study's locks are training/multirun.py's and sweep.py's.
 """
 import fcntl
 import os
@@ -14,18 +15,23 @@ from errors import ConfigError
 
 
 @contextmanager
-def run_dir_lock(run_dir: Path):
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+def dir_lock(lock_file: Path, in_use: str):
+    """Holds lock_file; in_use: the ConfigError's message when another process holds it, with {pid}."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise ConfigError(f"hydra.run.dir={run_dir} is in use by another training run (pid {holder}); "
-                              f"wait for it to end or choose another hydra.run.dir") from None
+            raise ConfigError(in_use.format(pid=holder)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def run_dir_lock(run_dir: Path):
+    return dir_lock(run_dir / ".lock", f"hydra.run.dir={run_dir} is in use by another training run (pid {{pid}}); "
+                                       f"wait for it to end or choose another hydra.run.dir")
