@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import compare
 from model import ModelConfig, Transformer
 from settings import CONFIG_DIR, compose_config
+from training.multirun import carry_swept_keys
 
 COMPONENTS = ("norm", "norm_position", "position", "attention", "ffn")
 # Each variant's definition: the model.* settings it changes from the baseline.
@@ -35,11 +36,21 @@ SWITCHES = {
 PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
 
 
+@functools.cache
+def multirun_config() -> DictConfig:
+    """`python train.py -m +experiment=ablation`'s own config, resolved as the multirun's start resolves it."""
+    cfg = compose_config(["+experiment=ablation"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    carry_swept_keys(cfg)
+    return cfg
+
+
 @functools.cache  # each point is composed once per session, however many tests read it
 def compose_run(*overrides: str) -> tuple[dict, dict]:
     """(the resolved job config, the resolved hydra.sweep and hydra.sweeper.params) of one sweep
     point, as train.py and Hydra's sweeper see them."""
     cfg = compose_config(overrides, return_hydra_config=True)
+    OmegaConf.copy_cache(from_config=multirun_config(), to_config=cfg)  # as Hydra makes a job's config
     HydraConfig.instance().set_config(cfg)  # what Hydra does before a job: ${hydra:...} resolves
     job = OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"])
     sweep = {**cfg.hydra.sweep, "params": dict(cfg.hydra.sweeper.params)}  # resolved while this job's choices hold

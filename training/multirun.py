@@ -61,6 +61,14 @@ def swept(keys: str, _root_) -> str:
 OmegaConf.register_new_resolver("swept_keys", no_keys_outside_a_multirun, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("swept", swept, replace=True)
 
+def carry_swept_keys(config: DictConfig) -> None:
+    """Resolves ${swept_keys:} in the multirun's config, the one every job's config is made from, so that its
+    resolver cache holds the keys Hydra then copies into each job's config."""
+    keys = swept_keys(config.hydra)
+    OmegaConf.register_new_resolver("swept_keys", lambda: keys, use_cache=True, replace=True)
+    OmegaConf.select(config, "hydra.sweep.subdir", throw_on_resolution_failure=False)
+
+
 _held = ExitStack()  # the launching process's lock on the sweep dir, from the multirun's start to its end
 
 
@@ -75,10 +83,7 @@ class MultirunRecord(Callback):
             sys.exit(2)
         for stale in records.glob("*.json"):  # an earlier multirun's, in the same sweep dir
             stale.unlink()
-        keys = swept_keys(config.hydra)
-        OmegaConf.register_new_resolver("swept_keys", lambda: keys, use_cache=True, replace=True)
-        # resolved here, in the config every job's is made from: its resolver cache now holds the keys
-        OmegaConf.select(config, "hydra.sweep.subdir", throw_on_resolution_failure=False)
+        carry_swept_keys(config)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
         """Runs where the job ran: its end goes to the sweep dir, where the launching process reads it."""
