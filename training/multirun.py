@@ -29,6 +29,7 @@ from pathlib import Path
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
@@ -87,6 +88,8 @@ class MultirunRecord(Callback):
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
         """Runs where the job ran: its end goes to the sweep dir, where the launching process reads it."""
+        if config.hydra.mode != RunMode.MULTIRUN:  # a single run's job: nobody reads a record
+            return
         code = job_return.return_value if job_return.status == JobStatus.COMPLETED else 1
         write_json(Path(config.hydra.sweep.dir) / RECORDS / f"{config.hydra.job.num}.json",
                    {"dir": config.hydra.runtime.output_dir, "exit_code": code})
