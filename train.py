@@ -35,7 +35,8 @@ from errors import UsageError
 from generation.engine import Engine
 from model.transformer import Transformer
 from settings import check_command_line
-from training.config import autocast_for, check_train_config, eval_window_count, model_config, resolve_device
+from training.config import (autocast_for, check_train_config, eval_window_count, model_config, resolve_device,
+                             resume_settings)
 from training.diagnostics import layer_stats
 from training.distributed import (data_parallel, from_master, master_first, mean_over_processes, setup_distributed,
                                   syncing, teardown_distributed, world_size)
@@ -76,6 +77,8 @@ def main(cfg: DictConfig) -> int:
 
 def train(cfg: DictConfig, held: ExitStack) -> int:
     run_dir, tcfg = Path(HydraConfig.get().runtime.output_dir), cfg.train
+    if tcfg.resume:  # the run it continues: its own settings, and what the command line may change of them
+        resume_settings(cfg, run_dir)
 
     # -------- settings: everything that can be checked without data fails here, in a second
     setup_clock = time.perf_counter()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from data_helpers import TRAIN_ENV, metrics, run_train as train, summary as run_summary
@@ -152,8 +153,9 @@ runpy.run_path(sys.argv[0], run_name="__main__")
     resumed = train(run_dir, *tiny, "train.resume=true", "train.max_steps=5", "train.batch_size=4")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     notices = [line for line in resumed.stdout.splitlines() if line.startswith("notice:")]
-    assert notices == ["notice: resuming with train.batch_size=4; the checkpoint's steps were trained at 8 "
-                       "(the schedule goes on by step and time, the token count by the new size)"]
+    assert notices == [f"notice: resuming {run_dir} with its own settings, and train.max_steps=5 (was 1000), "
+                       f"train.batch_size=4 (was 8), train.lr_decay_steps=5 (was 1000), train.ckpt_interval=4 "
+                       f"(was 1000), train.sample_interval=4 (was 1000)"]
 
 
 def test_the_val_set_is_the_same_whatever_the_batch_size(workdir, tiny):
@@ -279,3 +281,31 @@ torch.save(wrapped[0].module.state_dict(), {str(tmp_path)!r} + f"/rank{{os.envir
     assert lines[-1]["train_loss"] < lines[0]["train_loss"]
     # the val set is train.eval_tokens, whatever the processes: the 8 windows of 32 tokens of one process
     assert run_summary(run_dir)["eval_tokens"] == 256
+
+
+def test_a_resume_is_the_run_it_continues(workdir, tiny):
+    """Resumed as its stop line says, nothing repeated: the run's own settings (a preset, a group, sizes, an lr),
+    the safe changes named on one notice line, and an override that would change the checkpoint refused."""
+    run_dir = workdir / "resume-own"
+    first = train(run_dir, *tiny, "+experiment=quick", "train.max_steps=4", "train.lr=0.004")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = train(run_dir, "train.resume=true", "train.max_steps=6", "train.eval_interval=3")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [line for line in resumed.stdout.splitlines() if line.startswith("notice:")] == [
+        f"notice: resuming {run_dir} with its own settings, and train.max_steps=6 (was 4), train.lr_decay_steps=6 "
+        f"(was 4), train.eval_interval=3 (was 4)"]
+    config = OmegaConf.load(run_dir / "config.yaml")
+    assert (config.model.name, config.model.n_layers, config.model.norm) == ("llama_quick", 1, "layernorm")
+    assert (config.train.lr, config.data.name, config.wandb.name) == (0.004, "text", "quick-norm=layernorm")
+    assert run_summary(run_dir)["steps"] == 6 and [m["step"] for m in metrics(run_dir)][-1] == 6
+    for override, message in [("model.n_layers=4", "model.n_layers=4: the run being resumed has model.n_layers=1"),
+                              ("norm=rmsnorm", "model.norm=rmsnorm: the run being resumed has model.norm=layernorm"),
+                              ("train.lr=0.01", "train.lr=0.01: the run being resumed has train.lr=0.004")]:
+        refused = train(run_dir, "train.resume=true", "train.max_steps=8", override)
+        assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+            f"error: {message}, and a resumed run keeps what its checkpoint was trained with; leave it out to "
+            f"resume the run, or start a new one in another hydra.run.dir"]
+    assert run_summary(run_dir)["steps"] == 6  # nothing trained, nothing written
+    repeated = train(run_dir, *tiny, "+experiment=quick", "train.lr=0.004", "train.max_steps=6",
+                     "train.eval_interval=3", "train.resume=true")
+    assert repeated.returncode == 0 and "notice:" not in repeated.stdout  # a correct repeat changes nothing

@@ -1,5 +1,6 @@
 """Checks of the train.* settings, run before any data is loaded, each failing with one line; the device,
-the precision and the model config they give.
+the precision and the model config they give; a resumed run's settings (its own, and what the command line
+may change of them).
 
 The batch arithmetic lives here: train.batch_size is the GLOBAL batch in sequences per optimizer
 step, whatever the number of processes, so
@@ -11,9 +12,15 @@ train.micro_batch_size=null (the default) picks the largest divisor of batch_siz
 at most MAX_MICRO_BATCH sequences, so any batch size trains.
 """
 import math
+import os
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 
 import torch
+from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
@@ -109,3 +116,78 @@ def resolve_device(setting: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"train.device={setting!r} must be auto, cpu, cuda or cuda:N")
     return device
+
+
+# What a resumed run may change (python train.py hydra.run.dir=D train.resume=true <these>): how long it goes on,
+# how often it reports, where and how fast it runs. Anything else would change what its checkpoint is.
+RESUME_MAY_CHANGE = frozenset({
+    "train.time_budget", "train.max_steps", "train.lr_decay_steps", "train.batch_size", "train.micro_batch_size",
+    "train.eval_interval", "train.log_interval", "train.ckpt_interval", "train.sample_interval", "train.sample_tokens",
+    "train.sample_temperature", "train.sample_prompt", "train.diagnostics", "train.compile", "train.device",
+    "train.threads", "train.reference_tokens_per_s", "latest_link"})
+
+
+def resume_settings(cfg: DictConfig, run_dir: Path) -> None:
+    """train.resume=true: cfg becomes the run's own settings, with what the command line may change of them
+    (settings_to_resume) named on one notice line. A run dir without a config.yaml holds no run to resume: the
+    checkpoint's check (training/state.py) then says what is missing."""
+    config_file = run_dir / "config.yaml"
+    if not config_file.exists():
+        return
+    overrides = list(HydraConfig.get().overrides.task)
+    changed = settings_to_resume(cfg, OmegaConf.load(config_file), compose("config"), named_settings(overrides))
+    if changed and int(os.environ.get("RANK", 0)) == 0:
+        print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
+
+
+def named_settings(overrides: list[str]) -> set[str]:
+    """The settings a command line names: a key override its key; a group option (norm=rmsnorm, +experiment=quick)
+    every setting that another option of its group would set otherwise, so that naming the default option names
+    them too. Composed as train.py's main composes, inside it."""
+    def settings(overrides: list[str]) -> dict:
+        return flat(OmegaConf.to_container(compose("config", overrides=overrides), resolve=True))
+
+    named, base = set(), settings(overrides)
+    for i, override in enumerate(OverridesParser.create().parse_overrides(overrides)):
+        options = GlobalHydra.instance().config_loader().get_group_options(override.key_or_group)
+        if not options:
+            named.add(override.key_or_group)
+        for option in options:
+            other = settings([*overrides[:i], f"{override.get_key_element()}={option}", *overrides[i + 1:]])
+            named |= {key for key in base.keys() | other.keys() if base.get(key) != other.get(key)}
+    return named
+
+
+def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig, named: set[str]) -> list[str]:
+    """A resumed run is the run it continues: cfg (the command line's composition) takes the run's own settings
+    (`saved`, its config.yaml) in place. A setting the command line changes (a key `named` on it, or one that a
+    group option or preset moved from `defaults`) stays where RESUME_MAY_CHANGE allows it, returned as
+    `key=new (was old)` for the notice line, and is a ConfigError elsewhere. wandb.* (how the run is logged) is
+    the command line's where it sets one. Settings newer than the run (absent from its config.yaml) keep the
+    command line's."""
+    now, before, default = (flat(OmegaConf.to_container(c, resolve=True)) for c in (cfg, saved, defaults))
+    changed = []
+    for key, value in now.items():
+        if key == "train.resume" or key not in before or value == before[key]:
+            continue
+        if key.startswith("wandb."):  # how the run is logged, not what it is: the command line's, where it sets one
+            if value is None:
+                OmegaConf.update(cfg, key, before[key], merge=False)
+            continue
+        if key not in named and value == default.get(key):
+            OmegaConf.update(cfg, key, before[key], merge=False)
+        elif key in RESUME_MAY_CHANGE:
+            changed.append(f"{key}={value} (was {before[key]})")
+        else:
+            raise ConfigError(f"{key}={value}: the run being resumed has {key}={before[key]}, and a resumed run keeps "
+                              f"what its checkpoint was trained with; leave it out to resume the run, or start a new "
+                              f"one in another hydra.run.dir")
+    return changed
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """A nested config as {"train.lr": 0.001, ...}."""
+    leaves = {}
+    for key, value in tree.items():
+        leaves |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}": value}
+    return leaves

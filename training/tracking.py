@@ -77,15 +77,10 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 
 def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progress, resumed: bool, model,
                    data, eval_tokens: int) -> "Tracker":
-    """Writes the run's resolved config.yaml (saying so when a resume changes the batch size), opens its
+    """Writes the run's resolved config.yaml, with its name (what a resume takes its settings from), opens its
     metrics, summary and W&B run, and points cfg.latest_link at the run dir."""
-    config_file = run_dir / "config.yaml"
-    if resumed and config_file.exists():
-        before = OmegaConf.load(config_file).train.batch_size
-        if before != cfg.train.batch_size:
-            print(f"notice: resuming with train.batch_size={cfg.train.batch_size}; the checkpoint's steps were "
-                  f"trained at {before} (the schedule goes on by step and time, the token count by the new size)")
-    OmegaConf.save(cfg, config_file, resolve=True)
+    cfg.wandb.name = name
+    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
     group = cfg.wandb.group or (HydraConfig.get().sweep.dir if HydraConfig.get().mode == RunMode.MULTIRUN else None)
     tracker = Tracker(run_dir, cfg, mode, name, group, progress.wandb_id,
                       summary={"num_params": model.num_params(), "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(),
