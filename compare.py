@@ -15,7 +15,8 @@ the difference in bpb from the baseline variant (--baseline), which counts as be
 
 (two standard errors of the difference of two means; "n/a" when either side has one run).
 bpb alone is compared: every run reads the same tokenizer, so loss and bpb differ by a constant.
-Each row also shows the steps, tokens and seconds its runs trained (a range where they differ), and a note
+Each row also shows the steps, tokens and seconds its runs trained (a range where they differ), their tokens/s
+(the mean of each run's own rate, summary.json's tokens_per_s, the one its last line prints), and a note
 follows the table when runs trained unequal numbers of tokens, as budgeted runs on a busy machine do.
 Runs trained for one train.time_budget each (an equal-wall-clock comparison) are expected to differ in
 tokens: the table says so instead, and the plot's x axis is training seconds.
@@ -179,12 +180,6 @@ def difference(variant: Variant, baseline: Variant | None) -> tuple[str, str]:
     return f"{delta:+.4f}", f"{'yes' if abs(delta) > noise else 'no'} (2σ {noise:.4f})"
 
 
-def median_tokens_per_s(run: Run) -> float | None:
-    """The median of the logged tokens_per_s: robust to the slower steps that evaluate or save."""
-    rates = [m["tokens_per_s"] for m in run.metrics if "tokens_per_s" in m]
-    return statistics.median(rates) if rates else None
-
-
 def summary_value(variant: Variant, key: str) -> str:
     values = {r.summary[key] for r in variant.runs if key in r.summary}
     return ", ".join(f"{v:,}" for v in sorted(values)) or "?"
@@ -242,7 +237,8 @@ def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
     for variant in variants:
         n_incomplete = len(variant.runs) - len(variant.complete)
         runs = f"{len(variant.complete)}" + (f" + {n_incomplete} incomplete" if n_incomplete else "")
-        rates = [r for r in map(median_tokens_per_s, variant.complete) if r is not None]
+        # each run's own rate, the one its last line prints: summary.json's training tokens over its steps' time
+        rates = [r.summary["tokens_per_s"] for r in variant.complete if r.summary.get("tokens_per_s")]
         speed = f"{statistics.mean(rates):,.0f}" if rates else "?"
         delta, beyond = difference(variant, baseline)
         lines.append(f"| {variant.name} | {runs} | {summary_value(variant, 'num_params')} | {extent_cells(variant)} "
@@ -418,8 +414,9 @@ def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
         if not xs:
             continue
         scaled = [v / scale for v in xs]
-        for ax in (whole, tail):
-            (line,) = ax.plot(scaled, mean, marker=".", label=f"{variant.name} (n={len(variant.runs)})")
+        for ax in (whole, tail):  # a run with one eval is one point: drawn large enough to see
+            (line,) = ax.plot(scaled, mean, marker="o", markersize=4 if len(xs) > 1 else 7,
+                              label=f"{variant.name} (n={len(variant.runs)})")
             ax.fill_between(scaled, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         last_x = max(last_x, xs[-1])
         half = [i for i, v in enumerate(xs) if v >= xs[-1] / 2]
@@ -430,12 +427,13 @@ def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
         ax.set_ylabel("val bits per byte")
         ax.grid(alpha=0.3)
     whole.set_title(f"val bpb vs {label.split(' (')[0]} (line: mean over seeds, band: min-max)")
-    if tail_lo < tail_hi:
+    if last_x:  # the second half's points fill the panel (one point alone: 1% of its value either side)
         tail.set_xlim(last_x / 2 / scale, last_x * 1.02 / scale)
-        margin = 0.05 * (tail_hi - tail_lo)
+        margin = max(0.05 * (tail_hi - tail_lo), 0.01 * abs(tail_hi))
         tail.set_ylim(tail_lo - margin, tail_hi + margin)
     tail.set_title("second half, zoomed")
-    tail.legend(fontsize=8)
+    for ax in (whole, tail):
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))

@@ -9,7 +9,7 @@ The end has to fit inside the budget: the last step is followed by an eval, a sa
 Their cost is reserved: measured each time one happens (the largest seen); before that, an eval is
 taken to cost `eval_per_step` training steps, a sample `SAMPLE_S_PER_TOKEN` per token, and a checkpoint
 its bytes (weights and AdamW's two moments, 12 bytes a parameter) at `CKPT_BYTES_PER_S`, all on the
-generous side; the reserve is at most `MAX_RESERVE_SHARE` of the budget. A step's time is the latest step's, except the first of each session: that one carries
+generous side. A step's time is the latest step's, except the first of each session: that one carries
 the warm-up (torch.compile's compilation, the allocator's first requests) and would reserve ten
 times too much.
 Steps go on while one more step and the reserve still fit; the step after which another would not fit
@@ -24,10 +24,6 @@ from errors import ConfigError
 
 SAMPLE_S_PER_TOKEN = 0.02  # a decode step, on the slow side, until a sample has been timed
 CKPT_BYTES_PER_S = 100e6  # written and hashed, on the slow side, until a checkpoint has been timed
-# The most of a budget the reserve may hold back. Its estimates are generous, and on a busy machine they scale
-# with the slow steps: uncapped, they took half of a 60 s budget. An end that really costs more than this runs
-# past the budget by the difference, which summary.json's budget_fraction above 1 shows.
-MAX_RESERVE_SHARE = 0.2
 DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
 
 
@@ -76,9 +72,8 @@ class TimeBudget:
 
     @property
     def reserve(self) -> float:
-        """What the end costs after the last step: an eval, a sample and a checkpoint, at most
-        MAX_RESERVE_SHARE of the budget."""
-        return min(sum(self.costs.values()), MAX_RESERVE_SHARE * self.seconds)
+        """What the end costs after the last step: an eval, a sample and a checkpoint."""
+        return sum(self.costs.values())
 
     @property
     def for_steps(self) -> float:
