@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 from cli import Parser
 from errors import UsageError
@@ -24,7 +24,7 @@ from interop.gguf_llama import DTYPES, write_gguf
 from interop.hf_llama import hf_config, hf_state_dict, hf_tokenizer_config
 from interop.load import load_model
 from storage.checkpoint import check_vocab
-from storage.files import atomic_dir, write_json
+from storage.files import atomic_dir, write_bytes, write_json
 
 
 def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) -> list[str]:
@@ -42,8 +42,9 @@ def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) 
     tokenizer_config, why_not = hf_tokenizer_config(tokenizer_file, model.cfg.context_length)
     with atomic_dir(out) as tmp:
         write_json(tmp / "config.json", config)
-        # transformers refuses safetensors files whose metadata does not say they hold torch tensors
-        save_file(hf_state_dict(model), tmp / "model.safetensors", metadata={"format": "pt"})
+        # transformers refuses safetensors files whose metadata does not say they hold torch tensors; written
+        # as bytes, the file gets the mode of the others (safetensors' own writer makes it 0600)
+        write_bytes(tmp / "model.safetensors", save(hf_state_dict(model), metadata={"format": "pt"}))
         shutil.copyfile(tokenizer_file, tmp / "tokenizer.model")
         if tokenizer_config is not None:
             write_json(tmp / "tokenizer_config.json", tokenizer_config)

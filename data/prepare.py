@@ -79,8 +79,10 @@ def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
     needed = batch_size * (context_length + 1)
     for split in SPLITS:
         if len(streams[split]) < needed:
+            more = "a larger data.val_fraction" if split == "val" else "a larger corpus"
             raise DataError(f"{describe(cfg)}: the {split} split has {len(streams[split])} tokens, fewer than one batch "
-                            f"of batch_size={batch_size} x (context_length={context_length} + 1) = {needed}")
+                            f"of batch_size={batch_size} x (context_length={context_length} + 1) = {needed}; use "
+                            f"{more}, or a smaller train.micro_batch_size or model.context_length")
     return TokenData(
         tokenizer=Tokenizer(cache / "tokenizer.model"),
         train=streams["train"],

@@ -306,8 +306,16 @@ def test_file_that_is_not_utf8(tmp_path):
     assert_one_line_error(text_settings(tmp_path, str(bad)), "data.path", "latin1.txt", "not UTF-8", "offset 3")
 
 
+def test_a_val_split_smaller_than_one_batch_says_what_to_change(tmp_path):
+    """A corpus large enough to train on, with too small a share of it held out: the line names the setting."""
+    cfg = text_settings(tmp_path, str(write_corpus(tmp_path / "corpus", n_files=1)[0]), val_fraction=0.001)
+    assert_one_line_error(cfg, "the val split has", "use a larger data.val_fraction, or a smaller "
+                          "train.micro_batch_size or model.context_length", context_length=32, batch_size=2)
+
+
 def test_corpus_smaller_than_one_batch(corpus_cfg):
     assert_one_line_error(corpus_cfg, "data.path=", "fewer than one batch", "batch_size=32", "context_length=128",
+                          "use a larger corpus, or a smaller train.micro_batch_size or model.context_length",
                           context_length=128, batch_size=32)
 
 

@@ -62,6 +62,9 @@ def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, token
     model = far_from_init(Transformer(llama_cfg(tie_embeddings=tie)))
     save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    # every file readable by whoever may read the folder, as any file written here is (the umask's mode)
+    assert {path.name: path.stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()} == {
+        path.name: (tmp_path / "hf" / "config.json").stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()}
 
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
     assert type(theirs) is LlamaForCausalLM

@@ -245,6 +245,8 @@ def test_bad_settings_fail_with_one_line(case, workdir, tiny):
     assert line.startswith(expected)
     if case == "bad_model":  # the model config is checked before any data is read or tokenized
         assert not fresh_cache.exists()
+    if case == "missing_data":  # refused after taking the run dir's lock: neither it nor the dir is left
+        assert not run_dir.exists()
 
 
 def test_ddp_two_cpu_processes_end_with_identical_weights(workdir, tiny, tmp_path):

@@ -16,7 +16,8 @@ from errors import ConfigError
 
 @contextmanager
 def dir_lock(lock_file: Path, in_use: str):
-    """Holds lock_file; in_use: the ConfigError's message when another process holds it, with {pid}."""
+    """Holds lock_file; in_use: the ConfigError's message when another process holds it, with {pid}. A holder that
+    fails before writing anything beside the lock (a run refused for its data) leaves no dir behind."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
     try:
@@ -27,7 +28,13 @@ def dir_lock(lock_file: Path, in_use: str):
             raise ConfigError(in_use.format(pid=holder)) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
+        try:
+            yield
+        except BaseException:  # the holder failed: a dir that holds nothing but this lock is not left behind
+            if [path.name for path in lock_file.parent.iterdir()] == [lock_file.name]:
+                lock_file.unlink()
+                lock_file.parent.rmdir()
+            raise
     finally:
         os.close(fd)  # releases the lock
 
