@@ -4,8 +4,8 @@
 
 Each DIR is a run dir or any folder above run dirs (a multirun dir); a run dir is a folder
 holding the metrics.jsonl or config.yaml that train.py writes. Runs are grouped into variants:
-runs whose resolved configs are equal apart from train.seed and the wandb node (logging only)
-are seeds of one variant. A variant is named by its config's `variant` key (the ablation sets
+runs whose resolved configs are equal apart from train.seed and what only changes how a run is logged or
+run (NOT_COMPARED: wandb.*, train.threads, latest_link) are seeds of one variant. A variant is named by its config's `variant` key (the ablation sets
 it), else by the settings in which it differs from the other variants.
 
 Per variant: final val loss and val bpb as mean ± sample std over its complete runs (n), and
@@ -43,7 +43,8 @@ from omegaconf import OmegaConf
 from errors import UsageError
 from storage.files import atomic_write, write_json
 
-NOT_COMPARED = ("wandb",)  # config nodes that change how a run is logged, not what it trains
+# settings that change how a run is logged, how many cores it used, where its link is: not what it trains
+NOT_COMPARED = ("wandb.", "train.threads", "latest_link")
 SEED = ("train.seed",)
 LEARNING_RATE = ("train.lr", "train.min_lr")  # what a learning-rate sweep varies within one variant
 
@@ -126,14 +127,14 @@ def flatten(config: dict, prefix: str = "") -> dict:
 
 
 def variant_key(run: Run, ignored: tuple[str, ...]) -> str:
-    flat = flatten({k: v for k, v in run.config.items() if k not in NOT_COMPARED})
+    flat = {k: v for k, v in flatten(run.config).items() if not k.startswith(NOT_COMPARED)}
     for key in ignored:
         flat.pop(key, None)
     return json.dumps(flat, sort_keys=True, default=str) if run.config else str(run.path)
 
 
 def group_runs(runs: list[Run], ignored: tuple[str, ...] = SEED) -> list[Variant]:
-    """Runs whose configs are equal apart from the `ignored` keys (and wandb.*) form one variant."""
+    """Runs whose configs are equal apart from the `ignored` keys (and NOT_COMPARED) form one variant."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(variant_key(run, ignored), []).append(run)

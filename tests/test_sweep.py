@@ -1,7 +1,8 @@
-"""sweep.py end to end on a tiny model and corpus, its stages run by Hydra's joblib launcher: 2 variants x 2
-learning rates, seeds at each best, then compare.py's learning-rate table, curve table, JSON and plot on the
-same dirs; a second call keeps every finished run and one killed mid-way is run again; Ctrl-C stops the study
-with one line and the same command resumes it; bad input, a failed run and a study dir in use are one line."""
+"""sweep.py end to end on a tiny model and corpus, its stages run by Hydra's launchers: 2 variants x 2 learning
+rates, seeds at each best, then compare.py's learning-rate table, curve table, JSON and plot on the same dirs; a
+second call, through the joblib launcher, keeps every finished run and runs one killed mid-way again; Ctrl-C stops
+the study with one line and the same command resumes it; bad input, a failed run and a study dir in use are one
+line."""
 import json
 import math
 import os
@@ -37,9 +38,8 @@ def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     out = root / "study"
     args = ["--out", str(out), "--variants", "baseline", "postnorm", "--probe", "postnorm", "--lrs", *map(str, LRS),
-            "--seeds", "2", "--widen", "0", "--", *tiny_study(root),
-            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"]
-    sweep.main(args)
+            "--seeds", "2", "--widen", "0", "--", *tiny_study(root)]
+    sweep.main(args)  # Hydra's basic launcher: the runs one after another
     return out, args
 
 
@@ -61,12 +61,13 @@ def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys
     out, args = study
     killed = out / "baseline" / f"lr{LRS[0]:.4g}" / "seed0"
     (killed / "summary.json").unlink()
-    sweep.main(args)
+    sweep.main([*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"])  # in a worker process
     printed = capsys.readouterr().out
     assert "grid: 5 of 6 runs kept from an earlier call" in printed and "seeds: 2 of 2 runs kept" in printed
     assert [line for line in printed.splitlines() if line.startswith("[")] == [
         line for line in printed.splitlines() if line.startswith(f"[1] baseline/lr{LRS[0]:.4g}/seed0: val bpb ")]
     assert json.loads((killed / "summary.json").read_text())["stop_reason"] == "completed"
+    assert "Joblib.Parallel(n_jobs=2" in (out / "logs" / "grid.log").read_text()  # the stage went through joblib
 
 
 def test_compare_reads_the_study_as_a_learning_rate_sweep(study, tmp_path, capsys):

@@ -1,18 +1,20 @@
-"""train.py's helpers, in-process: parameter groups, lr schedule, settings checks, run names,
-metrics truncation on resume, the W&B mode choice. The end-to-end runs are in test_train.py."""
+"""train.py's helpers, in-process: parameter groups, lr schedule, settings checks, a resumed run's settings, run
+names, metrics truncation on resume, the W&B mode choice. The end-to-end runs are in test_train.py."""
 import json
 
 import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
 from errors import ConfigError
 from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError
-from training.config import check_train_config
+from training.config import check_train_config, named_settings, settings_to_resume
 from training.horizon import Horizon
 from training.optim import lr_at, make_optimizer
-from settings import CONFIG_DIR
+from settings import CONFIG_DIR, compose_config
 from training.state import checkpoint_to_resume
 from training.tracking import default_run_name, keep_metrics_up_to, wandb_mode
 
@@ -150,3 +152,49 @@ def test_wandb_mode_is_offline_without_a_login(tmp_path, monkeypatch):
     assert wandb_mode(None) == "disabled"
     with pytest.raises(ConfigError, match="wandb.mode='cloud' must be one of online, offline, disabled"):
         wandb_mode("cloud")
+
+
+QUICK_RUN = ["+experiment=quick", "norm=layernorm", "train.lr=0.004", "train.max_steps=40"]
+
+
+def resumed(run: list[str], command_line: list[str]) -> tuple[dict, list[str]]:
+    """The settings `python train.py <command_line> train.resume=true` continues a run of `run`'s overrides
+    with, and the notice's changes, composed as train.py does inside Hydra's main."""
+    saved = OmegaConf.create(OmegaConf.to_container(compose_config(run), resolve=True))  # the run's config.yaml
+    overrides = [*command_line, "train.resume=true"]
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
+        HydraConfig.instance().set_config(compose("config", overrides=overrides, return_hydra_config=True))
+        cfg = compose("config", overrides=overrides)
+        changed = settings_to_resume(cfg, saved, compose("config"), named_settings(overrides))
+    return OmegaConf.to_container(cfg, resolve=True), changed
+
+
+@pytest.mark.parametrize("command_line", [[], QUICK_RUN, ["model.n_layers=2"]],
+                         ids=["nothing", "the run's own overrides", "a setting the run has"])
+def test_a_resume_takes_the_runs_own_settings(command_line):
+    cfg, changed = resumed(QUICK_RUN, command_line)
+    own = OmegaConf.to_container(compose_config(QUICK_RUN), resolve=True)
+    assert changed == [] and {k: v for k, v in cfg.items() if k != "train"} == {k: v for k, v in own.items()
+                                                                               if k != "train"}
+    assert cfg["train"] == own["train"] | {"resume": True}
+    assert (cfg["model"]["name"], cfg["model"]["n_layers"], cfg["train"]["lr"]) == ("llama_quick", 2, 0.004)
+
+
+def test_a_resume_names_what_it_may_change():
+    cfg, changed = resumed(QUICK_RUN, ["train.time_budget=10m", "train.max_steps=null", "train.batch_size=8"])
+    # train.lr_decay_steps follows train.max_steps: named with it, so the schedule follows the time
+    assert changed == ["train.time_budget=10m (was 2m)", "train.max_steps=None (was 40)", "train.batch_size=8 (was 16)",
+                       "train.lr_decay_steps=None (was 40)"]
+    assert (cfg["train"]["time_budget"], cfg["train"]["batch_size"], cfg["model"]["n_layers"]) == ("10m", 8, 2)
+
+
+@pytest.mark.parametrize("command_line, message", [
+    (["norm=rmsnorm"], "model.norm=rmsnorm: the run being resumed has model.norm=layernorm"),  # the default option
+    (["model=transformer2017_tiny"], "model.name=transformer2017_tiny: the run being resumed has model.name=llama_quick"),
+    (["train.lr=0.01"], "train.lr=0.01: the run being resumed has train.lr=0.004"),
+    (["train.seed=1"], "train.seed=1: the run being resumed has train.seed=0"),
+    (["data=tinyshakespeare"], "data.name=tinyshakespeare: the run being resumed has data.name=shakespeare")])
+def test_a_resume_refuses_what_would_change_its_checkpoint(command_line, message):
+    with pytest.raises(ConfigError) as refused:
+        resumed(QUICK_RUN, command_line)
+    assert str(refused.value).startswith(message + ", and a resumed run keeps what its checkpoint was trained with")

@@ -13,6 +13,7 @@ at most MAX_MICRO_BATCH sequences, so any batch size trains.
 """
 import math
 import os
+import re
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -166,6 +167,10 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
     the command line's where it sets one. Settings newer than the run (absent from its config.yaml) keep the
     command line's."""
     now, before, default = (flat(OmegaConf.to_container(c, resolve=True)) for c in (cfg, saved, defaults))
+    # a setting that follows another (train.lr_decay_steps: ${train.max_steps}) is named when the other is
+    follows = {key: match[1] for key, value in flat(OmegaConf.to_container(cfg)).items()
+               if isinstance(value, str) and (match := re.fullmatch(r"\$\{([\w.]+)\}", value))}
+    named = named | {key for key, source in follows.items() if source in named}
     changed = []
     for key, value in now.items():
         if key == "train.resume" or key not in before or value == before[key]:

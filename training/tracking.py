@@ -190,6 +190,9 @@ class Tracker:
         write_json(self.run_dir / "summary.json", self.summary)
         self.metrics.close()
         if self.wandb_run is not None:
+            # the last step's history row goes out first: flushed at finish() it would overwrite these keys (elapsed_s,
+            # tokens_per_s, budget_fraction) in W&B's summary with their values at that step
+            self.wandb_run.log({}, commit=True)
             self.wandb_run.summary.update(final)
             self.wandb_run.finish()
         print(early_line or end_of_run_line(self.name, progress, meter, self.reference_tokens_per_s), file=sys.stderr)
