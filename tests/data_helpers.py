@@ -3,6 +3,8 @@ dicts, and a small corpus to train on."""
 import json
 import os
 import random
+import runpy
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -73,3 +75,18 @@ def run_train(run_dir: Path, *overrides: str, command=TRAIN, **kwargs) -> subpro
     """train.py (or `command`, e.g. torchrun) as a user runs it, on run_dir, until it ends."""
     return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=TRAIN_ENV,
                           capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def train_in_process(run_dir: Path, overrides: list[str], monkeypatch) -> int:
+    """`python train.py <overrides> hydra.run.dir=<run_dir>` in this process, without an interpreter to start (what a
+    test patches in the modules train.py imports applies): its exit code. The run's own Ctrl-C handling is undone."""
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"])
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
+        return 0
+    except SystemExit as ended:
+        return ended.code
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

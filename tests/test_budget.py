@@ -6,15 +6,12 @@ however fast or busy."""
 import contextlib
 import io
 import os
-import runpy
-import signal
-import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from data_helpers import ROOT, metrics, summary
+from data_helpers import metrics, summary, train_in_process
 from errors import ConfigError
 from training import evaluate as evaluation, horizon
 from training.budget import SAMPLE_S_PER_TOKEN, TimeBudget, parse_duration
@@ -153,13 +150,7 @@ def train_on_clock(run_dir: Path, overrides: list[str], clock: FakeClock, monkey
     monkeypatch.setattr(horizon, "read_time", clock)
     monkeypatch.setattr(evaluation, "next_token_loss", loss)
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
-    monkeypatch.setattr(sys, "argv", ["train.py", *overrides, f"hydra.run.dir={run_dir}"])
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        runpy.run_path(str(ROOT / "train.py"), run_name="__main__")  # a run that ends as it should returns
-    finally:
-        for signum, handler in handlers.items():  # the run installed its own Ctrl-C handling: pytest's again
-            signal.signal(signum, handler)
+    assert train_in_process(run_dir, overrides, monkeypatch) == 0
     monkeypatch.undo()  # the next session reads a clock of its own
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load, save
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import TRAIN, TRAIN_ENV, metrics, run_train as train
+from data_helpers import TRAIN, TRAIN_ENV, metrics, run_train as train, train_in_process
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -196,12 +196,12 @@ def test_a_write_that_fails_is_one_line_and_keeps_the_previous_checkpoint(copy, 
     ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mqa"),
     ("train.max_steps=null", "train.max_steps=null needs a train.time_budget: a run must end by steps or by time"),
 ])
-def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message):
+def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message, monkeypatch,
+                                                                   capsys):
     run_dir = workdir / "mistyped"
     fresh_cache = workdir / "cache-mistyped"
-    done = train(run_dir, *tiny, f"data.cache_dir={fresh_cache}", override)
-    assert done.returncode == 2
-    assert last_error(done.stderr).startswith(f"error: {message}")
+    assert train_in_process(run_dir, [*tiny, f"data.cache_dir={fresh_cache}", override], monkeypatch) == 2
+    assert last_error(capsys.readouterr().err).startswith(f"error: {message}")
     assert not fresh_cache.exists()  # no data was read or tokenized
     assert not run_dir.exists() or not any(run_dir.iterdir())
 
