@@ -5,8 +5,8 @@
 Each DIR is a run dir or any folder above run dirs (a multirun dir); a run dir is a folder
 holding the metrics.jsonl or config.yaml that train.py writes. Runs are grouped into variants:
 runs whose resolved configs are equal apart from train.seed and what only changes how a run is logged or
-run (NOT_COMPARED: wandb.*, train.threads, latest_link) are seeds of one variant. A variant is named by its config's `variant` key (the ablation sets
-it), else by the settings in which it differs from the other variants.
+run (NOT_COMPARED: wandb.*, train.threads, latest_link) are seeds of one variant. A variant is named by its
+config's `variant` key (the ablation sets it), else by the settings in which it differs from the other variants.
 
 Per variant: final val loss and val bpb as mean ± sample std over its complete runs (n), and
 the difference in bpb from the baseline variant (--baseline), which counts as beyond seed noise when
@@ -409,26 +409,24 @@ def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
     # Left: whole runs. Right: the second half, where the variants separate; the first evals'
     # high bpb would otherwise flatten every difference that matters.
     fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
-    tail_lo, tail_hi, last_x = math.inf, -math.inf, 0
-    for variant in variants:
-        xs, mean, low, high = bpb_curve(variant, x)
-        if not xs:
-            continue
+    curves = [(variant, bpb_curve(variant, x)) for variant in variants]
+    curves = [(variant, curve) for variant, curve in curves if curve[0]]
+    last_x = max((curve[0][-1] for _, curve in curves), default=0)
+    shown = [(lo, hi) for _, (xs, _, low, high) in curves for v, lo, hi in zip(xs, low, high) if v >= last_x / 2]
+    for variant, (xs, mean, low, high) in curves:
         scaled = [v / scale for v in xs]
+        name = variant.name if len(variant.name) <= 60 else variant.name[:59] + "…"
         for ax in (whole, tail):  # a run with one eval is one point: drawn large enough to see
             (line,) = ax.plot(scaled, mean, marker="o", markersize=4 if len(xs) > 1 else 7,
-                              label=f"{variant.name} (n={len(variant.runs)})")
+                              label=f"{name} (n={len(variant.runs)})")
             ax.fill_between(scaled, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
-        last_x = max(last_x, xs[-1])
-        half = [i for i, v in enumerate(xs) if v >= xs[-1] / 2]
-        tail_lo = min(tail_lo, *(low[i] for i in half))
-        tail_hi = max(tail_hi, *(high[i] for i in half))
     for ax in (whole, tail):
         ax.set_xlabel(label)
         ax.set_ylabel("val bits per byte")
         ax.grid(alpha=0.3)
     whole.set_title(f"val bpb vs {label.split(' (')[0]} (line: mean over seeds, band: min-max)")
-    if last_x:  # the second half's points fill the panel (one point alone: 1% of its value either side)
+    if shown:  # the points of the second half fill the panel (one point alone: 1% of its value either side)
+        tail_lo, tail_hi = min(lo for lo, _ in shown), max(hi for _, hi in shown)
         tail.set_xlim(last_x / 2 / scale, last_x * 1.02 / scale)
         margin = max(0.05 * (tail_hi - tail_lo), 0.01 * abs(tail_hi))
         tail.set_ylim(tail_lo - margin, tail_hi + margin)

@@ -139,13 +139,7 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
     plan = out / ".plan"
     for point in todo:
         shutil.rmtree(out / point.name, ignore_errors=True)
-        settings = OmegaConf.create()
-        for key, value in point.settings().items():
-            OmegaConf.update(settings, key, value)
-        body = OmegaConf.to_yaml(settings)
-        config = plan / "point" / f"{point.name}.yaml"
-        config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text(f"# @package _global_\ndefaults:\n  - override /ablation: {point.variant}\n\n{body}")
+        write_point_config(plan, point)
     log = out / "logs" / f"{stage}.log"
     log.parent.mkdir(exist_ok=True)
     command = [sys.executable, str(ROOT / "train.py"), "-m", "+experiment=ablation", "hydra.sweeper.params=null",
@@ -157,14 +151,16 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
     with open(log, "a") as output:
         # a session of its own: Ctrl-C reaches this process alone, which passes it on exactly once (a second
         # SIGINT would abort the runs before their checkpoints)
-        multirun = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+        multirun = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
+                                    start_new_session=True)
         try:
             while waiting:
                 ended = multirun.poll() is not None
-                for point in [p for p in waiting if finished(out / p.name)]:
+                for point, summary in [(p, finished(out / p.name)) for p in waiting]:
+                    if summary is None:
+                        continue
                     waiting.remove(point)
                     done.append(point)
-                    summary = finished(out / point.name)
                     result = f"val bpb {summary['val_bpb']:.4f}" if "val_bpb" in summary else summary["stop_reason"]
                     print(f"[{len(done)}] {point.name}: {result} "
                           f"({time.perf_counter() - started:.0f} s into the stage)", flush=True)
@@ -177,13 +173,22 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
             raise StudyStopped from None
     multirun.wait()
     if waiting:
-        codes = {}
-        for record in (out / RECORDS).glob("*.json"):
-            entry = json.loads(record.read_text())
-            codes[Path(entry["dir"]).resolve()] = entry["exit_code"]
+        records = [json.loads(record.read_text()) for record in (out / RECORDS).glob("*.json")]  # each job's end
+        codes = {Path(record["dir"]).resolve(): record["exit_code"] for record in records}
         failed = ", ".join(f"{p.name} (exit {codes.get((out / p.name).resolve(), '?')})" for p in waiting)
         raise RunFailed(f"{stage}: {len(waiting)} of {len(todo)} runs ended without a result: {failed}; "
                         f"their output: {log}")
+
+
+def write_point_config(plan: Path, point) -> None:
+    """The point as a config of the group `point`: its variant, then its own settings."""
+    settings = OmegaConf.create()
+    for key, value in point.settings().items():
+        OmegaConf.update(settings, key, value)
+    config = plan / "point" / f"{point.name}.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(f"# @package _global_\ndefaults:\n  - override /ablation: {point.variant}\n\n"
+                      f"{OmegaConf.to_yaml(settings)}")
 
 
 def best_lrs(out: Path, lines: list[str]) -> dict[str, float | None]:

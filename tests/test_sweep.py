@@ -98,7 +98,8 @@ def _bytes_per_token(run_dir: Path) -> float:
 
 @pytest.mark.parametrize("args, message", [(["--lrs", "1e-3"], "--lrs 0.001: at least two"),
                                            (["--seeds", "0"], "--seeds 0 must be >= 1"),
-                                           (["--", "train.lr=1"], "train.lr=1: the study sets train.lr for each run itself"),
+                                           (["--", "train.lr=1"],
+                                            "train.lr=1: the study sets train.lr for each run itself"),
                                            (["--", "hydra/launcher=foo"], "Could not find 'hydra/launcher/foo'")])
 def test_bad_arguments_are_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

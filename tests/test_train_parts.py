@@ -190,7 +190,8 @@ def test_a_resume_names_what_it_may_change():
 
 @pytest.mark.parametrize("command_line, message", [
     (["norm=rmsnorm"], "model.norm=rmsnorm: the run being resumed has model.norm=layernorm"),  # the default option
-    (["model=transformer2017_tiny"], "model.name=transformer2017_tiny: the run being resumed has model.name=llama_quick"),
+    (["model=transformer2017_tiny"],
+     "model.name=transformer2017_tiny: the run being resumed has model.name=llama_quick"),
     (["train.lr=0.01"], "train.lr=0.01: the run being resumed has train.lr=0.004"),
     (["train.seed=1"], "train.seed=1: the run being resumed has train.seed=0"),
     (["data=tinyshakespeare"], "data.name=tinyshakespeare: the run being resumed has data.name=shakespeare")])
