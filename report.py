@@ -126,7 +126,13 @@ def wandb_run_of(ckpt_dir: Path, path: str) -> dict:
         wandb_id = progress_from(torch.load(ckpt_dir / STATE_FILE, weights_only=True)["progress"]).wandb_id
     except Exception as e:  # a damaged config.yaml or train_state.pt, whichever way it fails
         raise UsageError(f"--wandb: --ckpt {path}: cannot read its W&B run: {e}") from None
-    return {"project": project, "id": wandb_id, "name": run_name(run_dir), "dir": run_dir}
+    return {"project": project, "id": wandb_id, "name": run_name(run_dir), "dir": wandb_dir_of(run_dir, wandb_id)}
+
+
+def wandb_dir_of(run_dir: Path, wandb_id: str) -> Path:
+    """Where train.py wrote the run's W&B files: the run dir, or for a multirun's job the sweep dir above it."""
+    return next((folder for folder in (run_dir, *run_dir.parents) if any((folder / "wandb").glob(f"*-{wandb_id}"))),
+                run_dir)
 
 
 def out_dir(out: str | None, first_ckpt: Path) -> Path:

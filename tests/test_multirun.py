@@ -1,9 +1,11 @@
 """train.py -m under Hydra's basic, joblib and submitit_local launchers: every job of a sweep in a dir of its own,
 named by its swept overrides; a failed job makes the whole command exit non-zero and is named; a sweep dir in
 use, an unknown launcher and one whose plugin is not installed are one line; compare.py reads the layout."""
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,7 +22,7 @@ SWEEP_SETTINGS = ["train.seed=0", "model.d_model=32", "model.n_layers=1", "model
 
 def multirun(workdir, tiny, *overrides, command=TRAIN) -> subprocess.CompletedProcess:
     data = [o for o in tiny if o.startswith("data")]
-    return subprocess.run([*command, "-m", *overrides, *data, *SWEEP_SETTINGS, f"hydra.sweep.dir={workdir / 'sweep'}"],
+    return subprocess.run([*command, "-m", *data, *SWEEP_SETTINGS, *overrides, f"hydra.sweep.dir={workdir / 'sweep'}"],
                           cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
 
 
@@ -72,12 +74,18 @@ def test_a_launcher_keeps_every_job_and_a_failed_one_fails_the_multirun(workdir,
     """The jobs run in other processes (joblib's workers; submitit's, as on a SLURM node): each names its own dir
     from the multirun's swept keys, and each records its end where the launching process reads it."""
     sweep = workdir / launcher[0].split("=")[1] / "sweep"
-    done = multirun(sweep.parent, tiny, *launcher, "train.threads=1", "train.lr=1e-3,2e-3,-1")
+    done = multirun(sweep.parent, tiny, *launcher, "train.threads=1", "train.lr=1e-3,2e-3,-1", "wandb.mode=offline")
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == f"error: 1 of 3 jobs failed: {sweep / 'train.lr=-1'} (exit 2)"
     for lr in ("0.001", "0.002"):
         assert summary(sweep / f"train.lr={lr}")["stop_reason"] == "completed"
         assert f"lr: {lr}\n" in (sweep / f"train.lr={lr}" / "config.yaml").read_text()  # its own job's settings
+    # both runs' W&B files in the sweep's wandb dir, where `wandb leet <sweep>/wandb` browses them side by side
+    logged = [json.loads(subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--summary",
+                                         "--json", str(run)], capture_output=True, text=True, timeout=120).stdout)
+              for run in (sweep / "wandb").glob("offline-run-*")]
+    assert sorted(run["summary"]["val_bpb"] for run in logged) == sorted(
+        summary(sweep / f"train.lr={lr}")["val_bpb"] for lr in ("0.001", "0.002"))
 
 
 def test_a_sweep_dir_in_use_by_another_multirun_is_one_line(workdir, tiny):

@@ -81,8 +81,11 @@ def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progres
     metrics, summary and W&B run, and points cfg.latest_link at the run dir."""
     cfg.wandb.name = name
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    group = cfg.wandb.group or (HydraConfig.get().sweep.dir if HydraConfig.get().mode == RunMode.MULTIRUN else None)
-    tracker = Tracker(run_dir, cfg, mode, name, group, progress.wandb_id,
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    group = cfg.wandb.group or (HydraConfig.get().sweep.dir if multirun else None)
+    # a multirun's runs log under one W&B dir, the sweep's: `wandb leet <sweep dir>/wandb` shows them side by side
+    wandb_dir = Path(HydraConfig.get().sweep.dir) if multirun else run_dir
+    tracker = Tracker(run_dir, wandb_dir, cfg, mode, name, group, progress.wandb_id,
                       summary={"num_params": model.num_params(), "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(),
                                "vocab_size": model.cfg.vocab_size, "name": name, "eval_tokens": eval_tokens,
                                "unigram_val_bpb": data.unigram_val_bpb},
@@ -139,8 +142,8 @@ def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, cfg: DictConfig, mode: str, name: str, group: str | None, wandb_id: str,
-                 summary: dict, resume_step: int | None):
+    def __init__(self, run_dir: Path, wandb_dir: Path, cfg: DictConfig, mode: str, name: str, group: str | None,
+                 wandb_id: str, summary: dict, resume_step: int | None):
         self.run_dir, self.name, self.summary = run_dir, name, summary
         self.reference_tokens_per_s = cfg.train.reference_tokens_per_s
         self.last_record = {}  # the latest metrics line, the base of the final summary
@@ -154,7 +157,7 @@ class Tracker:
             import wandb  # imported only when used: it adds a second to start-up
 
             self.wandb_run = wandb.init(project=cfg.wandb.project, group=group, name=name, mode=mode,
-                                        dir=run_dir, id=wandb_id, resume="allow",
+                                        dir=wandb_dir, id=wandb_id, resume="allow",
                                         config=OmegaConf.to_container(cfg, resolve=True))
             self.wandb_run.summary.update(summary)
             # INCREMENTAL: each log appends the new rows instead of re-uploading the whole table
