@@ -44,10 +44,12 @@ def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
             hook.remove()
     every = torch.cat(found)
     low, high = torch.quantile(every, torch.tensor([0.001, 0.999])).tolist()
-    counts = torch.histc(every.clamp(low, high), HISTOGRAM_BINS, low, high)
+    # histc leaves out what lies beyond the quantiles (clamped, the tails would pile up in the end bins as if they
+    # were data); the density stays a share of every activation
+    counts = torch.histc(every, HISTOGRAM_BINS, low, high)
     width = (high - low) / HISTOGRAM_BINS
     return {"kind": model.cfg.ffn,
             "zero": [(a == 0).float().mean().item() for a in found],
             "near_zero": [(a.abs() < NEAR_ZERO * a.pow(2).mean().sqrt()).float().mean().item() for a in found],
             "edges": torch.linspace(low, high, HISTOGRAM_BINS + 1).tolist(),
-            "density": (counts / (counts.sum() * width)).tolist()}
+            "density": (counts / (every.numel() * width)).tolist()}

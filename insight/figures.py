@@ -76,8 +76,8 @@ def attention_wiring(report: dict) -> Figure:
 def token_axes(ax, tokens: list[str], bottom: bool, left: bool) -> None:
     """The tokens as tick labels on the grid's outer edges only (ticks are most of a heat map's drawing time)."""
     ticks = list(range(len(tokens))) if len(tokens) <= TOKEN_LABELS_UP_TO else []
-    ax.set_xticks(ticks if bottom else [], [tokens[t] for t in ticks] if bottom else [], rotation=90, fontsize=6)
-    ax.set_yticks(ticks if left else [], [tokens[t] for t in ticks] if left else [], fontsize=6)
+    ax.set_xticks(ticks if bottom else [], [tokens[t] for t in ticks] if bottom else [], rotation=90, fontsize=8)
+    ax.set_yticks(ticks if left else [], [tokens[t] for t in ticks] if left else [], fontsize=8)
 
 
 def attention_maps(report: dict, index: int) -> Figure:
@@ -86,7 +86,8 @@ def attention_maps(report: dict, index: int) -> Figure:
     ckpt, tokens = report["checkpoints"][index], report["tokens"]
     weights, entropy = ckpt["attention_maps"]["weights"], ckpt["attention_maps"]["entropy"]
     layers, heads = len(weights), len(weights[0])
-    side, gap, left, bottom, top, right = 0.3 + 0.1 * min(len(tokens), TOKEN_LABELS_UP_TO), 0.35, 0.8, 0.8, 0.6, 1.1
+    # 0.13 inch a token: a row of 8-point labels, legible where the page shows the figure 1280 pixels wide
+    side, gap, left, bottom, top, right = 0.3 + 0.13 * min(len(tokens), TOKEN_LABELS_UP_TO), 0.35, 0.9, 0.9, 0.6, 1.1
     width, height = left + heads * (side + gap) + right, bottom + layers * (side + gap) + top
     fig = Figure(figsize=(width, height))
     for l in range(layers):
@@ -197,7 +198,8 @@ def ffn(report: dict) -> Figure:
                  color=colour(i), label=f"{ckpt['label']}: |a| < 0.1 rms")
         near.plot([l + (i - (len(checkpoints) - 1) / 2) * width for l in layers], f["zero"], "k_", ms=14,
                   label="exactly 0" if i == 0 else None)
-    density.set(xlabel="activation a", ylabel="density (every layer, every position)", yscale="log",
+    density.set(xlabel="activation a (between its 0.1% and 99.9% quantiles)",
+                ylabel="density (every layer, every position)", yscale="log",
                 title="the FFN's activations on the prompt")
     near.set(xlabel="layer", ylabel="fraction of the hidden units", ylim=(0, 1), title="near zero")
     near.xaxis.get_major_locator().set_params(integer=True)
