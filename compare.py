@@ -41,6 +41,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from errors import UsageError
+from settings import flatten
 from storage.files import atomic_write, write_json
 
 # settings that change how a run is logged, how many cores it used, where its link is: not what it trains
@@ -114,16 +115,6 @@ def load_run(run_dir: Path) -> Run:
               and summary.get("ended_by") != "time_budget"):
             problem = f"stopped at step {metrics[-1].get('step')} of train.max_steps={max_steps}"
     return Run(run_dir, config, metrics, summary, problem)
-
-
-def flatten(config: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def variant_key(run: Run, ignored: tuple[str, ...]) -> str:

@@ -105,6 +105,17 @@ class Settings:
 ConfigStore.instance().store(name="schema", node=Settings)
 
 
+def flatten(config: dict, prefix: str = "") -> dict:
+    """A nested config (a plain dict) as {"train.lr": 0.001, ...}."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def compose_config(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
     """configs/config.yaml with these command-line overrides, as train.py would see it. A mistyped key or
     value or an unknown group option is a ConfigError of one line; its __cause__ is Hydra's own error."""

@@ -11,7 +11,7 @@ from errors import ConfigError
 from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError
-from training.config import check_train_config, named_settings, settings_to_resume
+from training.config import check_train_config, named_settings, settings_of, settings_to_resume
 from training.horizon import Horizon
 from training.optim import lr_at, make_optimizer
 from settings import CONFIG_DIR, compose_config
@@ -165,7 +165,7 @@ def resumed(run: list[str], command_line: list[str]) -> tuple[dict, list[str]]:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         HydraConfig.instance().set_config(compose("config", overrides=overrides, return_hydra_config=True))
         cfg = compose("config", overrides=overrides)
-        changed = settings_to_resume(cfg, saved, compose("config"), named_settings(overrides))
+        changed = settings_to_resume(cfg, saved, compose("config"), named_settings(overrides, settings_of(cfg)))
     return OmegaConf.to_container(cfg, resolve=True), changed
 
 

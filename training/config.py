@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
 from model.config import ModelConfig, check_attention_choice
+from settings import flatten
 from training.budget import parse_duration
 
 POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
@@ -136,25 +137,29 @@ def resume_settings(cfg: DictConfig, run_dir: Path) -> None:
     if not config_file.exists():
         return
     overrides = list(HydraConfig.get().overrides.task)
-    changed = settings_to_resume(cfg, OmegaConf.load(config_file), compose("config"), named_settings(overrides))
+    named = named_settings(overrides, settings_of(cfg))
+    changed = settings_to_resume(cfg, OmegaConf.load(config_file), compose("config"), named)
     if changed and int(os.environ.get("RANK", 0)) == 0:
         print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
 
 
-def named_settings(overrides: list[str]) -> set[str]:
+def settings_of(cfg: DictConfig) -> dict:
+    """A composed config, resolved, as {"train.lr": 0.001, ...}."""
+    return flatten(OmegaConf.to_container(cfg, resolve=True))
+
+
+def named_settings(overrides: list[str], base: dict) -> set[str]:
     """The settings a command line names: a key override its key; a group option (norm=rmsnorm, +experiment=quick)
     every setting that another option of its group would set otherwise, so that naming the default option names
-    them too. Composed as train.py's main composes, inside it."""
-    def settings(overrides: list[str]) -> dict:
-        return flat(OmegaConf.to_container(compose("config", overrides=overrides), resolve=True))
-
-    named, base = set(), settings(overrides)
+    them too. base: the command line's own settings (settings_of). Composed as train.py's main composes, inside it."""
+    named = set()
     for i, override in enumerate(OverridesParser.create().parse_overrides(overrides)):
         options = GlobalHydra.instance().config_loader().get_group_options(override.key_or_group)
         if not options:
             named.add(override.key_or_group)
         for option in options:
-            other = settings([*overrides[:i], f"{override.get_key_element()}={option}", *overrides[i + 1:]])
+            other = settings_of(compose("config", overrides=[*overrides[:i], f"{override.get_key_element()}={option}",
+                                                              *overrides[i + 1:]]))
             named |= {key for key in base.keys() | other.keys() if base.get(key) != other.get(key)}
     return named
 
@@ -166,9 +171,9 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
     `key=new (was old)` for the notice line, and is a ConfigError elsewhere. wandb.* (how the run is logged) is
     the command line's where it sets one. Settings newer than the run (absent from its config.yaml) keep the
     command line's."""
-    now, before, default = (flat(OmegaConf.to_container(c, resolve=True)) for c in (cfg, saved, defaults))
+    now, before, default = settings_of(cfg), settings_of(saved), settings_of(defaults)
     # a setting that follows another (train.lr_decay_steps: ${train.max_steps}) is named when the other is
-    follows = {key: match[1] for key, value in flat(OmegaConf.to_container(cfg)).items()
+    follows = {key: match[1] for key, value in flatten(OmegaConf.to_container(cfg)).items()
                if isinstance(value, str) and (match := re.fullmatch(r"\$\{([\w.]+)\}", value))}
     named = named | {key for key, source in follows.items() if source in named}
     changed = []
@@ -188,11 +193,3 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
                               f"what its checkpoint was trained with; leave it out to resume the run, or start a new "
                               f"one in another hydra.run.dir")
     return changed
-
-
-def flat(tree: dict, prefix: str = "") -> dict:
-    """A nested config as {"train.lr": 0.001, ...}."""
-    leaves = {}
-    for key, value in tree.items():
-        leaves |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) and value else {f"{prefix}{key}": value}
-    return leaves
