@@ -2,6 +2,8 @@
 
     python generate.py --ckpt outputs/<date>/<time> --prompt "ROMEO:" --max-new-tokens 200 --top-k 50
 
+    python generate.py --ckpt RUN --context 512 --rope-scaling yarn --rope-factor 4   # 4x the trained context
+
 The prompt is BOS followed by --prompt's tokens. The first sample streams to stdout as its tokens
 arrive; with --num-samples N > 1 each sample gets a `--- sample i ---` header and samples 2 .. N are
 printed once the batch is done; the prompt is prefilled once for all N (its KV cache copied to each
@@ -18,6 +20,7 @@ from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.engine import Engine, SamplingError, check_sampling, compiled_decoder
 from interop.load import load_model
+from model.rope_scaling import SCALINGS
 from storage.checkpoint import check_vocab
 
 MAX_NUM_SAMPLES = 1024
@@ -39,8 +42,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the decode step: seconds of compiling at the first step "
                              "(docs/performance.md), which pay off on long generations")
+    parser.add_argument("--context", type=int, help="the positions a generation uses before its window slides "
+                        "(default: the trained model.context_length); past it with a --rope-scaling")
+    parser.add_argument("--rope-scaling", choices=SCALINGS, help="read RoPE's positions under this scaling "
+                        "(model/rope_scaling.py), the trained context as the original one")
+    parser.add_argument("--rope-factor", type=float, help="the scaling's factor s (> 1), e.g. --context / the trained one")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.context is not None and args.context < 2:
+        raise UsageError(f"--context={args.context} must be >= 2")
+    if (args.rope_scaling in (None, "none")) != (args.rope_factor is None):
+        raise UsageError("--rope-scaling and --rope-factor go together: e.g. --rope-scaling yarn --rope-factor 4")
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError as e:  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
@@ -85,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
         model, ckpt_dir = load_model(args.ckpt, args.device)
         tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
+        if args.rope_scaling:
+            model = model.with_rope_scaling(args.rope_scaling, args.rope_factor or 1.0)
+        engine = Engine(model, tokenizer, context=args.context)  # a learned table refuses a longer context here
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
-    engine = Engine(model, tokenizer)
     if args.compile:
         print(f"torch.compile of the decode step: {compiled_decoder(engine, args.num_samples):.1f} s", file=sys.stderr)
     prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)

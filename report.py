@@ -23,7 +23,7 @@ from cli import Parser
 from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.kv_memory import BYTES_PER_ELEMENT
-from insight import attention, blocks, decode, figures, page, positions
+from insight import attention, blocks, decode, figures, lengths, page, positions
 from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
 from interop.load import load_model
@@ -159,6 +159,16 @@ def measure(model: Transformer, ids: list[int], first_token: int) -> dict:
             "ffn": blocks.ffn_activations(model, tokens)}
 
 
+def past_context_of(model: Transformer, ckpt_dir: Path) -> dict:
+    """Section 7's numbers, or why there are none: a checkpoint outside a training run has no val split."""
+    try:
+        stream, bytes_per_token = lengths.run_val_split(ckpt_dir)
+    except UsageError as e:
+        return {"unavailable": str(e)}
+    with torch.no_grad():
+        return lengths.past_context(model, stream, bytes_per_token)
+
+
 def estimator(models: list[Transformer], names: list[str]) -> dict:
     """The estimator's presets, each checkpoint's own (its full context, fp32) first, with their bytes by
     model/kv_cache.py's formula, which the page's script computes too."""
@@ -209,7 +219,8 @@ def report(argv: list[str] | None = None) -> Path:
               "estimator": estimator(models, checkpoint_labels), "checkpoints": []}
     for model, ckpt_dir, label, model_settings in zip(models, ckpt_dirs, checkpoint_labels, settings):
         result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model_settings,
-                                      "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id)})
+                                      "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id),
+                                      "past_context": past_context_of(model, ckpt_dir)})
     pngs = figures.draw(result)
     with atomic_dir(folder) as tmp:
         for name, data in pngs.items():

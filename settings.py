@@ -50,6 +50,7 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     diagnostics: bool = MISSING
     seed: int = MISSING
     resume: bool = MISSING
+    init_from: Optional[str] = MISSING
     compile: bool = MISSING
     device: str = MISSING
     threads: Optional[int] = MISSING

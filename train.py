@@ -4,6 +4,7 @@
     python train.py norm=layernorm wandb.group=norms       # one component switched back to 2017
     python train.py train.max_steps=600                    # 600 steps (the schedule over them), unless 5 minutes end first
     python train.py hydra.run.dir=outputs/run1 train.resume=true
+    python train.py train.init_from=outputs/run1 model.context_length=512 model.rope_scaling=yarn model.rope_factor=4
     python train.py -m train.lr=1e-3,3e-3                  # a multirun: one dir per job (training/multirun.py)
     torchrun --nproc_per_node=4 train.py train.batch_size=64
 
@@ -35,8 +36,8 @@ from errors import UsageError
 from generation.engine import Engine
 from model.transformer import Transformer
 from settings import check_command_line
-from training.config import (autocast_for, check_train_config, eval_window_count, model_config, resolve_device,
-                             resume_settings)
+from training.config import (autocast_for, check_train_config, eval_window_count, init_settings, model_config,
+                             resolve_device, resume_settings)
 from training.diagnostics import layer_stats
 from training.distributed import (data_parallel, from_master, master_first, mean_over_processes, setup_distributed,
                                   syncing, teardown_distributed, world_size)
@@ -46,7 +47,8 @@ from training.horizon import Clock, Horizon
 from training.optim import make_optimizer, set_lr
 from training.run_lock import run_dir_lock
 from training.signals import StopRequest
-from training.state import Progress, RunCheckpoint, checkpoint_to_resume, resume_training, step_generator
+from training.state import (Progress, RunCheckpoint, checkpoint_to_resume, resume_training, start_from,
+                            step_generator)
 from training.tracking import Throughput, default_run_name, start_tracking, wandb_mode
 
 
@@ -79,6 +81,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     run_dir, tcfg = Path(HydraConfig.get().runtime.output_dir), cfg.train
     if tcfg.resume:  # the run it continues: its own settings, and what the command line may change of them
         resume_settings(cfg, run_dir)
+    init_from = init_settings(cfg, tcfg.init_from) if tcfg.init_from and not tcfg.resume else None
 
     # -------- settings: everything that can be checked without data fails here, in a second
     setup_clock = time.perf_counter()
@@ -102,6 +105,8 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     torch.manual_seed(tcfg.seed + ddp.rank)  # DDP copies rank 0's initial weights; the offset varies dropout
     raw_model = Transformer(model_config(cfg, data.tokenizer.vocab_size)).to(ddp.device)  # vocab_size=null: the rule's
     optimizer = make_optimizer(raw_model, tcfg)
+    if init_from is not None:  # another run's weights, this run's optimizer and schedule
+        start_from(init_from, raw_model, data.tokenizer.model_file)
     progress = (resume_training(resume_from, raw_model, data.tokenizer.model_file, optimizer)
                 if resume_from is not None else Progress())
     checkpoint = RunCheckpoint(run_dir / "ckpt", raw_model, data.tokenizer.model_file, optimizer, progress,

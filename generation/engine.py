@@ -6,7 +6,7 @@
     then, per new token, either
       cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
       uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
-    cache k, v: [n_layers, B * N, n_kv_heads, max_len, head_dim], max_len = min(context_length, P + max_new_tokens - 1),
+    cache k, v: [n_layers, B * N, n_kv_heads, max_len, head_dim], max_len = min(context, P + max_new_tokens - 1),
     allocated once per generation and written in place (the last new token is never fed back).
 
 The cached one-token steps can go through a `decoder` the caller gives (e.g. torch.compile of the model,
@@ -20,12 +20,17 @@ lower token id ranks first). A seed gives a torch.Generator of its own, so one s
 Limits:
 - All prompts of a batch have the same length; there is no padding. generate.py's N samples of one
   prompt are num_samples=N of a batch of one.
-- A prompt longer than context_length is cut from the left, keeping its last context_length tokens,
+- The context is the model's trained one (model.context_length) unless the caller gives a longer one
+  (generate.py --context, with a RoPE scaling for positions past the trained ones: docs/long_context.md).
+- A prompt longer than the context is cut from the left, keeping its last context tokens,
   with a warning on stderr.
-- When a new token would not fit in the context, the window slides: the last context_length // 2
-  tokens are kept and re-prefilled at positions 0 .. context_length // 2 - 1, then generation goes on.
+- When a new token would not fit in the context, the window slides: the last context // 2
+  tokens are kept and re-prefilled at positions 0 .. context // 2 - 1, then generation goes on.
   Positions restart at 0, so this works for RoPE, absolute and no positions alike; the cost is one
-  prefill per context_length // 2 new tokens, and the model only sees the window.
+  prefill per context // 2 new tokens, and the model only sees the window.
+- Dynamic NTK (model.rope_scaling=dynamic) scales with a sequence's length. A cached generation scales every
+  position at the cache's length (its queries and keys alike; transformers rescales each step and keeps the
+  keys of earlier scales); the uncached path recomputes the prefix at its current length.
 - eos_id: a sample that emits it has ended; it keeps yielding eos_id until the whole batch has ended,
   which stops the run. eos_id=None: every sample runs for max_new_tokens.
 """
@@ -119,10 +124,14 @@ class GenerationStats:
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer=None, decoder=None):
+    def __init__(self, model: Transformer, tokenizer=None, decoder=None, context: int | None = None):
         """decoder: what runs the cached one-token steps, called as the model is (default: the model itself),
-        e.g. torch.compile(model, dynamic=True); the prompt's prefill and the slides stay on the model."""
+        e.g. torch.compile(model, dynamic=True); the prompt's prefill and the slides stay on the model.
+        context: the positions a generation may use before it slides (default: model.context_length); a
+        longer one raises PositionsError here for a learned table."""
         self.model = model
+        self.context = context or model.cfg.context_length
+        model.fit_positions(self.context)
         self.decoder = model if decoder is None else decoder
         self.tokenizer = tokenizer  # needed by complete() only
         self.stats = GenerationStats()  # of the latest run, updated as it goes
@@ -140,9 +149,10 @@ class Engine:
             raise ValueError("every prompt needs at least one token, e.g. BOS")
         if len({len(p) for p in prompts}) > 1:
             raise ValueError(f"prompts of one batch must have one length, got {sorted({len(p) for p in prompts})}")
-        context = self.model.cfg.context_length
+        context = self.context
         if len(prompts[0]) > context:
-            print(f"warning: the prompt has {len(prompts[0])} tokens, more than model.context_length={context}; "
+            limit = f"model.context_length={context}" if context == self.model.cfg.context_length else f"--context={context}"
+            print(f"warning: the prompt has {len(prompts[0])} tokens, more than {limit}; "
                   f"keeping its last {context}", file=sys.stderr)
             prompts = [p[-context:] for p in prompts]
         device = self.model.tok_emb.weight.device
@@ -163,7 +173,7 @@ class Engine:
     @torch.inference_mode()
     def _run(self, prompt: torch.Tensor, num_samples: int, max_new_tokens: int, pick, use_cache: bool,
              eos_id: int | None):
-        model, context = self.model, self.model.cfg.context_length
+        model, context = self.model, self.context
         prompt_len = prompt.shape[1]
         batch = prompt.shape[0] * num_samples
         keep = max(1, context // 2)  # tokens kept when the window slides
@@ -214,10 +224,11 @@ class Engine:
         the cache's rows of prompt b's samples get its K/V at positions 0 .. P - 1."""
         if num_samples == 1:
             return self._forward(prompt, 0, cache)
-        once = None if cache is None else self.model.new_kv_cache(*prompt.shape, dtype=cache.k.dtype)
+        # the batch's cache at the full cache's length, so that dynamic NTK scales the prompt as the rest
+        once = None if cache is None else self.model.new_kv_cache(prompt.shape[0], cache.max_len, cache.k.dtype)
         logits = self._forward(prompt, 0, once)
         if cache is not None:
-            cache.fill_prefix(once, repeats=num_samples)
+            cache.fill_prefix(once, repeats=num_samples, length=prompt.shape[1])
         return logits.repeat_interleave(num_samples, dim=0)
 
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:

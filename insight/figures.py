@@ -208,6 +208,30 @@ def ffn(report: dict) -> Figure:
     return fig
 
 
+def loss_by_position(lengths: dict) -> Figure:
+    """evaluate.py's results (insight/lengths.py): val bpb per bucket of positions, one line per length, a panel per
+    mode, the trained context (and the original one, after a longer fine-tune) marked."""
+    modes = list(dict.fromkeys(r["mode"] for r in lengths["results"]))
+    fig = Figure(figsize=(5.5 * len(modes), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(modes), squeeze=False, sharey=True)[0]
+    for ax, mode in zip(axes, modes):
+        rows = [r for r in lengths["results"] if r["mode"] == mode]
+        for i, r in enumerate(rows):
+            centres = [(b["start"] + b["end"]) / 2 for b in r["buckets"]]
+            ax.plot(centres, [b["val_bpb"] for b in r["buckets"]], marker=".", color=colour(i),
+                    label=f"L = {r['length']}: {r['val_bpb']:.3f}")
+        for context, style in {lengths["original_context"]: ":", lengths["context_length"]: "--"}.items():
+            ax.axvline(context, color="grey", linestyle=style, linewidth=1)
+        stride = f", stride {rows[0]['stride']}" if mode == "sliding" and len(rows) == 1 else ""
+        ax.set(xscale="log", xlabel="position in the window (log)", title=f"{mode}{stride}")
+        ax.legend(fontsize=8, title="window: val bpb", title_fontsize=8)
+    scaling = lengths["rope_scaling"]
+    axes[0].set_ylabel("val bpb of the tokens at that position")
+    fig.suptitle(f"{lengths['position']}, trained at {lengths['context_length']} (dashed)"
+                 + (f", {scaling} x{lengths['rope_factor']:g}" if scaling != "none" else ""), fontsize=10)
+    return fig
+
+
 def draw(report: dict) -> dict[str, bytes]:
     """Every figure as PNG bytes, by file name, in the page's order."""
     figures = {"kv_cache.png": kv_cache(report), "attention_wiring.png": attention_wiring(report)}
@@ -216,4 +240,7 @@ def draw(report: dict) -> dict[str, bytes]:
     figures |= {"attention_entropy.png": attention_entropy(report), "shift_check.png": shift_check(report),
                 "score_distance.png": score_distance(report), "position_table.png": position_table(report),
                 "residual_stream.png": residual_stream(report), "ffn.png": ffn(report)}
+    for i, ckpt in enumerate(report["checkpoints"]):
+        if ckpt["past_context"].get("results"):
+            figures[f"lengths_{i}.png"] = loss_by_position(ckpt["past_context"])
     return {name: png(fig) for name, fig in figures.items() if fig is not None}

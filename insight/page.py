@@ -44,6 +44,14 @@ SECTIONS = [
      "activations, and the fraction of the units at zero or near it. ReLU zeroes every negative input exactly; "
      "SiLU and GELU let small negative values through, so the gate is rarely exactly closed.",
      ("ffn",), ("ffn",)),
+    ("past-context", "7. Past the trained context",
+     "The val split's bits per byte at each position of windows 1, 2 and 4 times the trained context, cut into "
+     "non-overlapping chunks (evaluate.py's chunked mode; insight/lengths.py). Inside the context the loss falls as "
+     "a token has more tokens before it; past it (dashed line) RoPE and the sinusoidal table meet angles that "
+     "training never showed, and how the loss moves there is what docs/long_context.md measures, with the RoPE "
+     "scalings that stretch a context (Position Interpolation, NTK-aware, YaRN). A learned table has no positions "
+     "past its own; a checkpoint outside a training run dir has no val split to score.",
+     ("lengths",), ("lengths",)),
 ]
 
 ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
@@ -56,7 +64,7 @@ def _ms(seconds: float) -> float:
 
 def tables(report: dict) -> dict[str, dict]:
     """Each table as {"columns": [...], "rows": [[...]]}: the page shows them, W&B gets them as wandb.Table."""
-    rows = {name: [] for name in ("kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn")}
+    rows = {name: [] for name in ("kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths")}
     for ckpt in report["checkpoints"]:
         label = ckpt["label"]
         kv = ckpt["kv_cache"]
@@ -82,6 +90,14 @@ def tables(report: dict) -> dict[str, dict]:
             rows["stream"].append([label, block] + [stream[key][block] for key in STREAM_STATS])
         for layer, (zero, near) in enumerate(zip(ckpt["ffn"]["zero"], ckpt["ffn"]["near_zero"])):
             rows["ffn"].append([label, ckpt["ffn"]["kind"], layer, zero, near])
+        lengths = ckpt["past_context"]
+        if "unavailable" in lengths:
+            rows["lengths"].append([label, None, None, None, None, None, lengths["unavailable"]])
+        for result in lengths.get("results", []):
+            inside = [b for b in result["buckets"] if b["end"] <= lengths["context_length"]]
+            past = [b for b in result["buckets"] if b["start"] >= lengths["context_length"]]
+            rows["lengths"].append([label, result["length"], result["length"] / lengths["context_length"],
+                                    round(result["val_bpb"], 4), _mean_bpb(inside), _mean_bpb(past), ""])
     columns = {
         "kv_cache": ["checkpoint", "positions", "cached ms/token, first", "cached ms/token, last",
                      "uncached ms/token, first", "uncached ms/token, last", "uncached / cached, whole run",
@@ -94,11 +110,20 @@ def tables(report: dict) -> dict[str, dict]:
         "stream": ["checkpoint", "block", "stream rms", "attention / stream", "FFN / stream", "cos between positions",
                    "gradient norm"],  # STREAM_STATS, in its order
         "ffn": ["checkpoint", "FFN", "layer", "fraction exactly 0", f"fraction |a| < {NEAR_ZERO} rms"],
+        "lengths": ["checkpoint", "window (tokens)", "x trained context", "val bpb, chunked",
+                    "positions inside the context", "positions past it", "note"],
     }
     return {name: {"columns": columns[name], "rows": rows[name]} for name in rows}
 
 
+def _mean_bpb(buckets: list[dict]) -> float | None:
+    tokens = sum(b["tokens"] for b in buckets)
+    return round(sum(b["val_bpb"] * b["tokens"] for b in buckets) / tokens, 4) if tokens else None
+
+
 def _cell(value) -> str:
+    if value is None:  # nothing measured there
+        return ""
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, int):

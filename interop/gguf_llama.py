@@ -1,7 +1,7 @@
 """The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout, its SentencePiece tokenizer inside.
 
     metadata  llama.*            context, embedding and feed-forward lengths, blocks, heads, K/V heads,
-                                 RoPE base and dimension count, RMSNorm eps, vocabulary size
+                                 RoPE base, dimension count and scaling (add_rope), RMSNorm eps, vocabulary size
               tokenizer.ggml.*   model "llama", every piece with its score and type, bos/eos/unk/pad ids
     tensors   our weights -> transformers' names (hf_llama.hf_state_dict: the one split of our stacked
               matrices) -> llama.cpp's names (the gguf package's TensorNameMap for LLaMA):
@@ -31,7 +31,10 @@ import numpy as np
 import torch
 from sentencepiece import sentencepiece_model_pb2
 
-from interop.hf_llama import LLAMA_TOKENIZER, check_llama, hf_state_dict, read_tokenizer_proto, settings_unlike
+from interop.hf_llama import (LLAMA_TOKENIZER, InteropError, check_llama, hf_state_dict, read_tokenizer_proto,
+                               settings_unlike)
+from model.config import ModelConfig
+from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
 from storage.files import atomic_file
 
@@ -85,10 +88,34 @@ def add_tokenizer(writer: gguf.GGUFWriter, proto: sentencepiece_model_pb2.ModelP
     writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
 
 
+def check_rope_scaling(cfg: ModelConfig) -> None:
+    if cfg.rope_scaling == "dynamic":
+        raise InteropError("model.rope_scaling=dynamic has no GGUF counterpart: llama.rope.scaling.type is none, "
+                           "linear, yarn or longrope, each with fixed frequencies")
+
+
+def add_rope(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """RoPE's base and scaling as llama.cpp reads them: ntk is a larger llama.rope.freq_base, linear and yarn are
+    llama.rope.scaling.* (yarn with its original context and betas; llama.cpp derives the attention factor
+    0.1 ln s + 1 itself); finetuned says whether the weights were trained under the scaling."""
+    ntk = cfg.rope_scaling == "ntk"
+    writer.add_rope_freq_base(ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim) if ntk else cfg.rope_base)
+    if cfg.rope_scaling not in ("linear", "yarn"):
+        return
+    writer.add_rope_scaling_type(gguf.RopeScalingType(cfg.rope_scaling))
+    writer.add_rope_scaling_factor(cfg.rope_factor)
+    writer.add_rope_scaling_orig_ctx_len(cfg.original_context)
+    writer.add_rope_scaling_finetuned(cfg.context_length > cfg.original_context)
+    if cfg.rope_scaling == "yarn":
+        writer.add_rope_scaling_yarn_beta_fast(YARN_BETA_FAST)
+        writer.add_rope_scaling_yarn_beta_slow(YARN_BETA_SLOW)
+
+
 def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str = "f32") -> list[str]:
     """Writes the GGUF file atomically; refuses a non-LLaMA model. Returns notes for the user."""
     cfg = model.cfg
     check_llama(cfg, "llama.cpp")
+    check_rope_scaling(cfg)
     tensors, notes = gguf_tensors(model, dtype)
     proto = read_tokenizer_proto(tokenizer_file)
     if unlike := settings_unlike(proto, LLAMA_TOKENIZER):
@@ -107,7 +134,7 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
             writer.add_head_count(cfg.n_heads)
             writer.add_head_count_kv(cfg.n_kv_heads)
             writer.add_rope_dimension_count(cfg.head_dim)
-            writer.add_rope_freq_base(cfg.rope_base)
+            add_rope(writer, cfg)
             writer.add_layer_norm_rms_eps(cfg.norm_eps)
             add_tokenizer(writer, proto)
             for name, data, qtype in tensors:

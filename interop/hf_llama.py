@@ -29,6 +29,7 @@ from sentencepiece import sentencepiece_model_pb2
 
 from errors import ConfigError, UsageError
 from model.config import ModelConfig
+from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, check_vocab
 
@@ -76,9 +77,27 @@ def check_llama(cfg: ModelConfig, target: str) -> None:
                            f"(LLaMA is {', '.join(f'model.{k}={v}' for k, v in LLAMA_SWITCHES.items())})")
 
 
+def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
+    """(rope_parameters, max_position_embeddings) for the model's RoPE scaling, in transformers' terms
+    (model/rope_scaling.py): ntk is its default type with the NTK-aware base; dynamic reads its original context
+    from max_position_embeddings, yarn from original_max_position_embeddings."""
+    rope = {"rope_type": cfg.rope_scaling, "rope_theta": cfg.rope_base, "factor": float(cfg.rope_factor)}
+    if cfg.rope_scaling in ("none", "ntk"):
+        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim)
+                if cfg.rope_scaling == "ntk" else cfg.rope_base}, cfg.context_length
+    if cfg.rope_scaling == "dynamic":
+        return rope, cfg.original_context
+    if cfg.rope_scaling == "yarn":
+        rope |= {"original_max_position_embeddings": cfg.original_context, "beta_fast": YARN_BETA_FAST,
+                 "beta_slow": YARN_BETA_SLOW, "truncate": True}
+    return rope, cfg.context_length
+
+
 def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
     """transformers' config.json for a LLaMA-configured model; refuses any other with every offending switch."""
     check_llama(cfg, "transformers")
+    rope, max_positions = hf_rope(cfg)
+    scaled = {"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}} if len(rope) > 2 else {}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -89,11 +108,13 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.head_dim,
-        "max_position_embeddings": cfg.context_length,
+        "max_position_embeddings": max_positions,
         "rms_norm_eps": cfg.norm_eps,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_base},
-        # transformers 4.x reads these two keys; 5.x reads rope_parameters and dtype, and ignores them.
-        "rope_theta": cfg.rope_base,
+        "rope_parameters": rope,
+        # transformers 4.x reads rope_theta, rope_scaling and torch_dtype; 5.x reads rope_parameters and dtype
+        # (and rope_scaling before rope_parameters: the two are the same scaling).
+        "rope_theta": rope["rope_theta"],
+        **scaled,
         "torch_dtype": "float32",
         "dtype": "float32",
         "hidden_act": "silu",
@@ -124,10 +145,6 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if hf.get(key, supported) != supported:
             raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's LLaMA has {key}={supported!r}")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}  # 5.x name, then the 4.x one
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
-        raise InteropError(f"rope_parameters.rope_type={rope_type!r} is not supported; only 'default' RoPE is")
     try:
         d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         ffn_width = hf["intermediate_size"]
@@ -136,6 +153,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
                       context_length=hf["max_position_embeddings"])
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
+    values |= rope_settings(hf, values["context_length"])
     head_dim = hf.get("head_dim") or d // n_heads
     if head_dim * n_heads != d:
         raise InteropError(f"head_dim={head_dim} is not supported; this repo's head dim is "
@@ -146,9 +164,32 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
         raise InteropError(f"intermediate_size={ffn_width} is below 8/3 * hidden_size = {8 * d / 3:.1f}, "
                            f"the narrowest SwiGLU this repo builds")
     return ModelConfig(**values, ffn_multiple_of=ffn_width,
-                       rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
                        norm_eps=hf.get("rms_norm_eps", 1e-6),
                        tie_embeddings=hf.get("tie_word_embeddings", False), **LLAMA_SWITCHES)
+
+
+def rope_settings(hf: dict, max_positions: int) -> dict:
+    """model.rope_* (and, for yarn, the longer context) for a config.json's RoPE: hf_rope's inverse. A scaling
+    whose settings differ from the ones model/rope_scaling.py computes is refused."""
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}  # 4.x name, then 5.x (5.x reads them so)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    base = float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    if rope_type == "default":
+        return {"rope_base": base}
+    if rope_type not in ("linear", "dynamic", "yarn"):
+        raise InteropError(f"rope_parameters.rope_type={rope_type!r} is not supported; this repo has default, "
+                           f"linear, dynamic and yarn (model/rope_scaling.py)")
+    fixed = {"beta_fast": YARN_BETA_FAST, "beta_slow": YARN_BETA_SLOW, "truncate": True} if rope_type == "yarn" else {}
+    free = {"rope_type", "type", "rope_theta", "factor"} | ({"original_max_position_embeddings"} if fixed else set())
+    for key, value in rope.items():
+        if key not in free and (key not in fixed or value != fixed[key]):
+            raise InteropError(f"rope_parameters.{key}={value!r} is not supported for rope_type={rope_type!r}")
+    settings = {"rope_base": base, "rope_scaling": rope_type, "rope_factor": float(rope.get("factor", 1.0))}
+    if rope_type == "yarn":  # L0 below the context it may run at (transformers does not cap positions)
+        original = int(rope.get("original_max_position_embeddings") or max_positions)
+        settings |= {"rope_original_context": original if original < max_positions else None,
+                     "context_length": max(max_positions, original)}
+    return settings
 
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:

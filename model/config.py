@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, fields
 
 from errors import ConfigError
 from model.ffn import hidden_width
+from model.rope_scaling import SCALINGS
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
@@ -55,6 +56,9 @@ class ModelConfig:
     ffn: str = "swiglu"
     ffn_multiple_of: int = 32  # SwiGLU's d_ff (model/ffn.py) is rounded up to this multiple
     rope_base: float = 10000.0
+    rope_scaling: str = "none"  # none, linear, ntk, dynamic or yarn: RoPE past the trained context (model/rope_scaling.py)
+    rope_factor: float = 1.0  # the scaling's s: the length it stretches to over the original context
+    rope_original_context: int | None = None  # L0, the context RoPE was first trained at (null: context_length)
     norm_eps: float = 1e-5
     dropout: float = 0.0
     bias: bool = False  # biases in the linear layers (LayerNorm always has its beta)
@@ -71,6 +75,11 @@ class ModelConfig:
     @property
     def d_ff(self) -> int:
         return hidden_width(self.ffn, self.d_model, self.ffn_multiple_of)
+
+    @property
+    def original_context(self) -> int:
+        """L0: the context the weights were trained at, before any fine-tune at a longer one."""
+        return self.rope_original_context or self.context_length
 
     @property
     def attention(self) -> str:
@@ -96,6 +105,7 @@ class ModelConfig:
         if self.context_length < 2:
             raise ConfigError(f"model.context_length={self.context_length} must be >= 2: a window of one token "
                               f"has no next token to predict inside it")
+        self.validate_rope_scaling()
         for key in ("rope_base", "norm_eps"):
             value = getattr(self, key)
             if not (is_number(value) and 0 < value < math.inf):
@@ -105,6 +115,28 @@ class ModelConfig:
         for key in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")
+
+    def validate_rope_scaling(self) -> None:
+        if self.rope_scaling not in SCALINGS:
+            raise ConfigError(f"model.rope_scaling={self.rope_scaling!r} must be one of {', '.join(SCALINGS)}")
+        if not (is_number(self.rope_factor) and 0 < self.rope_factor < math.inf):
+            raise ConfigError(f"model.rope_factor={self.rope_factor!r} must be a positive number")
+        original = self.rope_original_context
+        if original is not None and (not isinstance(original, int) or isinstance(original, bool)
+                                     or not 2 <= original <= self.context_length):
+            raise ConfigError(f"model.rope_original_context={original!r} must be an integer in [2, "
+                              f"model.context_length={self.context_length}] (null: model.context_length)")
+        if self.rope_scaling == "none":
+            if self.rope_factor != 1:
+                raise ConfigError(f"model.rope_factor={self.rope_factor} does nothing with model.rope_scaling=none; "
+                                  f"choose a scaling: {', '.join(SCALINGS[1:])}")
+            return
+        if self.position != "rope":
+            raise ConfigError(f"model.rope_scaling={self.rope_scaling} scales RoPE's frequencies, but "
+                              f"model.position={self.position}")
+        if self.rope_factor <= 1:
+            raise ConfigError(f"model.rope_factor={self.rope_factor} must be > 1 with model.rope_scaling="
+                              f"{self.rope_scaling}: it is the new length over the original context")
 
     def to_dict(self) -> dict:
         return asdict(self)

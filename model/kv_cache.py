@@ -31,13 +31,13 @@ class KVCache:
     def nbytes(self) -> int:  # what is allocated, which tests hold to kv_cache_bytes()
         return self.k.nelement() * self.k.element_size() + self.v.nelement() * self.v.element_size()
 
-    def fill_prefix(self, source: "KVCache", repeats: int = 1) -> None:
-        """Copies source's positions [0, source.max_len) here, each of its rows into `repeats` rows in a row
-        (row b into rows b * repeats .. (b + 1) * repeats - 1): one prompt's prefill serves every sample."""
-        length = source.max_len
+    def fill_prefix(self, source: "KVCache", repeats: int = 1, length: int | None = None) -> None:
+        """Copies source's positions [0, length) (default: all it holds) here, each of its rows into `repeats` rows
+        in a row (row b into rows b * repeats .. (b + 1) * repeats - 1): one prompt's prefill serves every sample."""
+        length = length or source.max_len
         for mine, theirs in ((self.k, source.k), (self.v, source.v)):
             # [L, B * repeats, ...] seen as [L, B, repeats, ...]: a view, so the copy broadcasts in place
-            mine.unflatten(1, (theirs.shape[1], repeats))[:, :, :, :, :length].copy_(theirs.unsqueeze(2))
+            mine.unflatten(1, (theirs.shape[1], repeats))[:, :, :, :, :length].copy_(theirs[:, :, :, :length].unsqueeze(2))
 
     def update(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
         """Write k, v: [batch, n_kv_heads, seq, head_dim] at positions [start, start + seq);

@@ -15,30 +15,56 @@ not weight-decayed (training/optim.py).  None: no position signal at all (the ca
 leaks some order).
 
 Absolute tables are indexed by absolute position, so a KV-cached step at position m adds PE[m].
+
+Any length: RoPE's and the sinusoidal table's angles are computed for every position a sequence reaches, past
+model.context_length too (Transformer.forward fits them first); RoPE's frequencies can be rescaled for that
+(model.rope_scaling, model/rope_scaling.py). A learned table ends at its trained length.
 """
 import math
 
 import torch
 from torch import nn
 
+from errors import ConfigError
 from model.config import ModelConfig
+from model.rope_scaling import rope_frequencies
 
 
 class Rotary(nn.Module):
-    """Precomputes cos/sin tables once for every position up to max_len."""
+    """cos/sin tables for positions 0 .. n - 1, grown (fit) whenever a longer sequence comes; theta_i as
+    model.rope_scaling makes them (model/rope_scaling.py)."""
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling: str = "none",
+                 factor: float = 1.0, original: int = 0):
         super().__init__()
+        self.head_dim, self.base, self.scaling, self.factor, self.original = head_dim, base, scaling, factor, original
+        self.length = 0  # the positions the tables cover
+        self.fit(max_len)
+
+    def fit(self, length: int) -> None:
+        """Tables for a sequence of `length` positions: grown when it is longer than they are. Dynamic NTK's
+        frequencies depend on the length itself, so its tables are remade for each length past L0."""
+        if self.scaling == "dynamic":
+            length = max(length, self.original)
+            if length == self.length:
+                return
+        elif length <= self.length:
+            return
+        theta, gain = rope_frequencies(self.head_dim, self.base, self.scaling, self.factor, self.original, length)
         # fp32 like transformers' LLaMA, so the two agree to the last bit of the angle
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2).float() / head_dim)
-        angles = torch.outer(torch.arange(max_len).float(), inv_freq)  # [max_len, D/2]
+        angles = torch.outer(torch.arange(length).float(), theta)  # [length, D/2]
         # Half-split: the same angle for i and i + D/2. rotate_half([a, b]) * [sin, sin] = [b, a] * [-sin, sin],
         # so `sin` carries rotate_half's sign and forward swaps the halves with one roll (bit-identical).
-        self.register_buffer("cos", torch.cat([angles.cos(), angles.cos()], dim=-1), persistent=False)
-        self.register_buffer("sin", torch.cat([-angles.sin(), angles.sin()], dim=-1), persistent=False)
+        cos, sin = torch.cat([angles.cos(), angles.cos()], dim=-1), torch.cat([-angles.sin(), angles.sin()], dim=-1)
+        if gain != 1.0:  # YaRN's attention factor
+            cos, sin = cos * gain, sin * gain
+        like = dict(device=self.cos.device, dtype=self.cos.dtype) if self.length else {}  # after .to() or .double()
+        self.register_buffer("cos", cos.to(**like), persistent=False)
+        self.register_buffer("sin", sin.to(**like), persistent=False)
+        self.length = length
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """x: [batch, heads, seq, D], its first token at absolute position `start`."""
+        """x: [batch, heads, seq, D], its first token at absolute position `start` (fit has covered it)."""
         seq = x.shape[-2]
         cos, sin = self.cos[start:start + seq], self.sin[start:start + seq]
         if cos.dtype != x.dtype:  # bf16 activations under autocast; fp32 skips two calls per layer
@@ -56,25 +82,43 @@ def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
 
 
 class AbsolutePositions(nn.Module):
-    """Adds PE[start : start + seq] to token embeddings; the table is fixed (sinusoidal) or trained."""
+    """Adds PE[start : start + seq] to token embeddings; the table is fixed (sinusoidal, computed for any
+    length) or trained (learned, its context_length rows and no more)."""
 
     def __init__(self, kind: str, max_len: int, dim: int, token_rms: float):
         super().__init__()
-        if kind == "learned":  # starts at the token signal's scale, neither drowning it nor drowned
+        self.learned = kind == "learned"
+        if self.learned:  # starts at the token signal's scale, neither drowning it nor drowned
             self.table = nn.Parameter(torch.zeros(max_len, dim))
             nn.init.normal_(self.table, std=token_rms)
         else:
             self.register_buffer("table", sinusoidal_table(max_len, dim), persistent=False)
 
+    def fit(self, length: int) -> None:
+        """A table for `length` positions: the sinusoidal one grows, a learned one has no rows past its own."""
+        rows, dim = self.table.shape
+        if length <= rows:
+            return
+        if self.learned:
+            raise PositionsError(f"model.position=learned has a table of {rows} positions (the trained "
+                                 f"model.context_length) and no position past it; {length} positions need one of "
+                                 f"rope, sinusoidal or none")
+        self.register_buffer("table", sinusoidal_table(length, dim).to(self.table), persistent=False)
+
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         return x + self.table[start:start + x.shape[1]].to(x.dtype)
+
+
+class PositionsError(ConfigError):
+    """A length that the model's positions cannot reach: a learned table's end."""
 
 
 def make_positions(cfg: ModelConfig, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
     added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""
     if cfg.position == "rope":
-        return Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base), None
+        return Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor,
+                      cfg.original_context), None
     if cfg.position in ("sinusoidal", "learned"):
         return None, AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model, token_rms)
     return None, None

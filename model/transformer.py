@@ -13,9 +13,11 @@ The token signal entering block 0 is m * E[token], model.embedding_scale choosin
                       multiplier, its TensorFlow implementations the init; the tokens outweigh PE 1.4 to 1
                       and the tied LM head starts with logits of rms ~1.
 forward(tokens, start, cache): `start` is the absolute position of tokens[:, 0]; with a
-KVCache the model reads and extends it in place, so generation reuses the same math.
+KVCache the model reads and extends it in place, so generation reuses the same math. Positions may run
+past model.context_length (model/positions.py), except with a learned table.
 """
 import math
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -73,6 +75,23 @@ class Transformer(nn.Module):
         return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.context_length, cfg.head_dim,
                        dtype or param.dtype, param.device)
 
+    def with_rope_scaling(self, scaling: str, factor: float) -> "Transformer":
+        """These weights read under another RoPE scaling (model/rope_scaling.py), the original context kept: a new
+        model in this one's mode, dtype and device. ConfigError for a scaling the model cannot take."""
+        cfg = replace(self.cfg, rope_scaling=scaling, rope_factor=factor)
+        param = self.tok_emb.weight
+        model = Transformer(cfg).to(device=param.device, dtype=param.dtype)
+        model.load_state_dict(self.state_dict())
+        return model.train(self.training)
+
+    def fit_positions(self, length: int) -> None:
+        """Position tables for a sequence of `length` positions, past model.context_length too: RoPE's and the
+        sinusoidal table grow, a learned table raises PositionsError. With a KV cache, `length` is the cache's, so
+        that dynamic NTK scales every key and query of a generation alike (model/rope_scaling.py)."""
+        for table in (self.rotary, self.abs_pos):
+            if table is not None:
+                table.fit(length)
+
     def token_signal(self, tokens: torch.Tensor) -> torch.Tensor:
         """m * E[token]: the embedding stream's token part, [B, T, d] (without positions)."""
         x = self.tok_emb(tokens)
@@ -82,9 +101,7 @@ class Transformer(nn.Module):
                 last_only: bool = False) -> torch.Tensor:
         """last_only: logits of the last position only, [B, 1, V]: all that generation needs, and the
         LM head over every position is a fifth of a short prompt's FLOPs."""
-        if start + tokens.shape[1] > self.cfg.context_length:
-            raise ValueError(f"positions up to {start + tokens.shape[1]} exceed "
-                             f"model.context_length={self.cfg.context_length}")
+        self.fit_positions(cache.max_len if cache is not None else start + tokens.shape[1])
         x = self.token_signal(tokens)
         if self.abs_pos is not None:
             x = self.abs_pos(x, start)

@@ -2,13 +2,16 @@
 
     python scripts/vocab_rule.py --out /tmp/vocab_rule --json docs/vocab_rule.json     # 12 runs, one at a time
     python scripts/vocab_rule.py --out /tmp/vocab_rule --plays 8 --vocabs 4096          # one more point
+    python scripts/vocab_rule.py --out /tmp/vocab_default --model default --seeds 0 1   # the default model, 5 minutes
 
 Subsets of the default corpus (Shakespeare's plays, data=shakespeare), every k-th play, are written as text files,
 and each is trained as a user's own corpus would be (data=text) at each --vocabs, with +experiment=quick's model and
-2-minute budget, one run at a time (a budget is wall-clock: runs side by side share the cores unevenly). Within a
+2-minute budget (--model quick) or the default model and its 5-minute budget (--model default), one run at a time
+(a budget is wall-clock: runs side by side share the cores unevenly). Within a
 subset the split (by documents, or each document's tail) is the same for every vocab, and bits per byte divide out
 the tokenizer, so the rows of one subset compare. The size the rule reads is the train split's UTF-8 bytes, from
-the token cache's manifest. A run dir that holds a completed run's summary.json is kept: the same command resumes.
+the token cache's manifest. A run dir that holds a completed run's summary.json is kept: the same command resumes,
+and --json keeps the rows of the runs this command did not make (two commands, one table).
 """
 import argparse
 import json
@@ -38,22 +41,25 @@ def write_subsets(out: Path, play_counts: list[int]) -> dict[int, Path]:
     return subsets
 
 
-def train(folder: Path, vocab: int, out: Path, budget: str, threads: int) -> dict:
-    run_dir = out / "runs" / f"{folder.name}-v{vocab}"
+MODELS = {"quick": (["+experiment=quick"], "2m"), "default": ([], "5m")}  # overrides, budget
+
+
+def train(folder: Path, vocab: int, seed: int, out: Path, model: str, budget: str, threads: int) -> dict:
+    run_dir = out / "runs" / f"{folder.name}-v{vocab}-s{seed}"
     summary_file = run_dir / "summary.json"
     if not (summary_file.exists() and json.loads(summary_file.read_text()).get("stop_reason") == "completed"):
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         with open(out / f"{run_dir.name}.log", "w") as log:
-            subprocess.run([sys.executable, str(ROOT / "train.py"), "+experiment=quick", "data=text",
+            subprocess.run([sys.executable, str(ROOT / "train.py"), *MODELS[model][0], "data=text",
                             f"data.path={folder}/*.txt", f"data.vocab_size={vocab}", f"data.cache_dir={out / 'cache'}",
-                            f"train.time_budget={budget}", "wandb.mode=disabled", "latest_link=null",
+                            f"train.time_budget={budget or MODELS[model][1]}", f"train.seed={seed}", "wandb.mode=disabled", "latest_link=null",
                             f"hydra.run.dir={run_dir}"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                            check=True)
     summary = json.loads(summary_file.read_text())
     cache = re.search(r"tokens in (\S+)", (out / f"{run_dir.name}.log").read_text()).group(1)
     train_bytes = json.loads((Path(cache) / "manifest.json").read_text())["splits"]["train"]["bytes"]
     return {"plays": int(folder.name.removeprefix("plays")), "train_bytes": train_bytes, "vocab_size": vocab,
-            "steps": summary["steps"], "tokens": summary["tokens"], "val_bpb": summary["val_bpb"], "run": run_dir.name}
+            "seed": seed, "steps": summary["steps"], "tokens": summary["tokens"], "val_bpb": summary["val_bpb"], "run": run_dir.name}
 
 
 def main() -> None:
@@ -61,21 +67,28 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--plays", type=int, nargs="+", default=[2, 8, 38], help="subset sizes, in plays")
     parser.add_argument("--vocabs", type=int, nargs="+", default=[512, 1024, 2048, 4096])
-    parser.add_argument("--budget", default="2m")
+    parser.add_argument("--model", choices=MODELS, default="quick")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--budget", help="train.time_budget (default: the model's, 2m quick, 5m default)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once, each on cores / jobs threads")
     parser.add_argument("--json", type=Path, help="write the rows here")
     args = parser.parse_args()
     subsets = write_subsets(args.out, args.plays)
-    points = [(folder, vocab) for folder in subsets.values() for vocab in args.vocabs]
+    points = [(folder, vocab, seed) for folder in subsets.values() for vocab in args.vocabs for seed in args.seeds]
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    budget = args.budget or MODELS[args.model][1]
     with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda point: train(*point, args.out, args.budget, threads), points))
-    print("| plays | train split MB | vocab | steps | tokens (M) | val bpb |\n|---:|---:|---:|---:|---:|---:|")
+        rows = list(pool.map(lambda point: train(*point, args.out, args.model, budget, threads), points))
+    print("| plays | train split MB | vocab | seed | steps | tokens (M) | val bpb |\n|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
-        print(f"| {row['plays']} | {row['train_bytes'] / 1e6:.2f} | {row['vocab_size']} | {row['steps']:,} "
-              f"| {row['tokens'] / 1e6:.2f} | {row['val_bpb']:.4f} |")
+        print(f"| {row['plays']} | {row['train_bytes'] / 1e6:.2f} | {row['vocab_size']} | {row['seed']} "
+              f"| {row['steps']:,} | {row['tokens'] / 1e6:.2f} | {row['val_bpb']:.4f} |")
     if args.json:
-        write_json(args.json, {"budget": args.budget, "jobs": args.jobs, "threads": threads, "rows": rows})
+        made = {row["run"] for row in rows}
+        kept = [row for row in json.loads(args.json.read_text())["rows"] if row["run"] not in made] \
+            if args.json.exists() else []
+        write_json(args.json, {"model": args.model, "budget": budget, "jobs": args.jobs, "threads": threads,
+                               "rows": kept + rows})
 
 
 if __name__ == "__main__":

@@ -156,7 +156,8 @@ def test_the_baseline_is_the_model_the_study_ran():
     assert config["model"] == {
         "name": "llama_ablation", "attention": "gqa", "d_model": 128, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2,
         "context_length": 128, "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu",
-        "ffn_multiple_of": 32, "rope_base": 10000.0, "norm_eps": 1e-5, "dropout": 0.0, "bias": False,
+        "ffn_multiple_of": 32, "rope_base": 10000.0, "rope_scaling": "none", "rope_factor": 1.0,
+        "rope_original_context": None, "norm_eps": 1e-5, "dropout": 0.0, "bias": False,
         "tie_embeddings": True, "embedding_scale": "gpt2"}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))

@@ -170,7 +170,9 @@ def write_hf_dir(d: Path, config: dict, tokenizer_file: Path | None) -> Path:
 @pytest.mark.parametrize("key, value, named", [
     ("attention_bias", True, "attention_bias=True"), ("mlp_bias", True, "mlp_bias=True"),
     ("hidden_act", "gelu", "hidden_act='gelu'"),
-    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, "rope_type='linear'"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 2.0, "rope_theta": 500.0}, "rope_type='llama3'"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0, "beta_fast": 16},
+     "rope_parameters.beta_fast=16 is not supported for rope_type='yarn'"),
     ("head_dim", 16, "head_dim=16"), ("intermediate_size", 64, "intermediate_size=64"),
     ("vocab_size", VOCAB + 20, f"vocab_size={VOCAB + 20} but its tokenizer")])
 def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_config_json, key, value, named):

@@ -27,10 +27,11 @@ from model.attention import attention_weights
 from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import load_checkpoint, save_checkpoint
+from insight.lengths import run_val_split, score
 from weights import far_from_init
 
 PROMPT = "ANNA\nGood night, sweet lord,"
-SECTIONS = ("kv-cache", "attention-wiring", "attention-maps", "positions", "residual-stream", "ffn")
+SECTIONS = ("kv-cache", "attention-wiring", "attention-maps", "positions", "residual-stream", "ffn", "past-context")
 
 
 def make_checkpoints_and_reports(folder: Path) -> None:
@@ -222,13 +223,27 @@ def test_every_section_is_in_the_page_and_every_figure_in_it(which, request):
     pngs = sorted(out.glob("*.png"))
     assert sorted(embedded_images(page)) == sorted(p.read_bytes() for p in pngs)
     expected = {"kv_cache", "attention_wiring", "attention_entropy", "shift_check", "score_distance",
-                "residual_stream", "ffn"} | {f"attention_maps_{i}" for i in range(len(labels))}
+                "residual_stream", "ffn", "lengths_0"} | {f"attention_maps_{i}" for i in range(len(labels))}
     assert {p.stem for p in pngs} == expected | ({"position_table"} if which == "two" else set())
     assert "http://" not in page and "https://" not in page  # nothing to fetch
     for ckpt in numbers["checkpoints"]:
         T = len(numbers["tokens"])
         assert len(ckpt["attention_maps"]["weights"][0][0]) == T and len(ckpt["kv_cache"]["cached_s"]) == 31
         assert (ckpt["positions"]["table_similarity"] is None) == (ckpt["model"]["position"] == "rope")
+
+
+def test_past_the_context_scores_the_runs_val_split_at_1_2_and_4_times(two, rope_run):
+    rope, learned = json.loads((two / "report.json").read_text())["checkpoints"]
+    lengths = rope["past_context"]
+    assert [r["length"] for r in lengths["results"]] == [32, 64, 128]
+    stream, bytes_per_token = run_val_split(rope_run / "ckpt")
+    model, _ = load_checkpoint(rope_run)
+    with torch.no_grad():  # the section's numbers are evaluate.py's chunked scores on the same tokens
+        expected = score(model, stream[:lengths["val_tokens"]], 128, "chunked", 128, 8, bytes_per_token)
+    assert lengths["results"][2] == expected
+    # a checkpoint outside a training run dir: no val split, and the page says why
+    assert learned["past_context"] == {"unavailable": f"no config.yaml in {learned['path'].removesuffix('/ckpt')}, "
+                                                      f"so no val split to score: give a training run's dir"}
 
 
 @pytest.mark.parametrize("case,message", [
@@ -279,7 +294,7 @@ def test_wandb_offline_gets_every_figure_and_table(one):
         [logged] = images.glob(f"{png.stem}_0_*.png")
         assert logged.read_bytes() == png.read_bytes()
     tables = sorted(p.name.split("_0_")[0] for p in (files / "media" / "table" / "report" / "table").glob("*.table.json"))
-    assert tables == sorted(["kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn"])
+    assert tables == sorted(["kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths"])
 
 
 # --- the page in a browser -----------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from errors import ConfigError
 from model.config import ModelConfig, check_attention_choice
 from settings import flatten
+from storage.checkpoint import CheckpointError, resolve_ckpt_dir
 from training.budget import parse_duration
 
 POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
@@ -141,6 +142,39 @@ def resume_settings(cfg: DictConfig, run_dir: Path) -> None:
     changed = settings_to_resume(cfg, OmegaConf.load(config_file), compose("config"), named)
     if changed and int(os.environ.get("RANK", 0)) == 0:
         print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
+
+
+# What a run started from another run's weights (train.init_from) sets for itself (its command line's, else the
+# defaults): the context it trains at, how RoPE reads positions past the old one, dropout. The rest of model.* and
+# data.* made the weights and the tokenizer, so they are the source run's.
+INIT_MAY_CHANGE = frozenset({"model.context_length", "model.rope_scaling", "model.rope_factor", "model.dropout"})
+
+
+def init_settings(cfg: DictConfig, source: str) -> Path:
+    """train.init_from: cfg's model.* and data.* become the source run's (its config.yaml), but for the
+    INIT_MAY_CHANGE settings; any other the command line names differently is a ConfigError. RoPE's original
+    context becomes the source's. Returns the source's checkpoint dir."""
+    try:
+        ckpt_dir = resolve_ckpt_dir(source)
+    except CheckpointError as e:
+        raise ConfigError(f"train.init_from={source}: {e}") from None
+    config_file = ckpt_dir.parent / "config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(f"train.init_from={source}: no config.yaml in {ckpt_dir.parent}; give a training run's dir")
+    saved = settings_of(OmegaConf.load(config_file))
+    now = settings_of(cfg)
+    named = named_settings(list(HydraConfig.get().overrides.task), now)
+    for key, value in saved.items():
+        if not key.startswith(("model.", "data.")) or key in INIT_MAY_CHANGE:
+            continue
+        if key in named and now.get(key) != value:
+            raise ConfigError(f"{key}={now.get(key)}: train.init_from={source} was trained with {key}={value}, which "
+                              f"its weights or tokenizer depend on; a run from its weights may change only "
+                              f"{', '.join(sorted(INIT_MAY_CHANGE))}")
+        OmegaConf.update(cfg, key, value, merge=False)
+    original = saved.get("model.rope_original_context") or saved["model.context_length"]
+    OmegaConf.update(cfg, "model.rope_original_context", original, merge=False)
+    return ckpt_dir
 
 
 def settings_of(cfg: DictConfig) -> dict:

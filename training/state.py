@@ -87,6 +87,22 @@ class RunCheckpoint:
         self.step = self.progress.step
 
 
+def start_from(ckpt_dir: Path, model: Transformer, tokenizer_file: Path) -> None:
+    """train.init_from: the source checkpoint's weights into the freshly built model (its settings came from the
+    source: training/config.py's init_settings), read only: the source run is left as it is."""
+    source, _ = load_checkpoint(ckpt_dir)
+    if (ckpt_dir / "tokenizer.model").read_bytes() != Path(tokenizer_file).read_bytes():
+        raise CheckpointError(f"train.init_from={ckpt_dir}: its tokenizer differs from the one the data settings "
+                              f"give now ({tokenizer_file})")
+    ours = model.state_dict()
+    for name, tensor in source.state_dict().items():
+        if ours[name].shape != tensor.shape:  # only a learned position table changes shape with the context
+            raise ConfigError(f"train.init_from={ckpt_dir}: {name} has {list(tensor.shape)}, this run's model "
+                              f"{list(ours[name].shape)}: model.position={model.cfg.position} has no rows for "
+                              f"model.context_length={model.cfg.context_length}")
+    model.load_state_dict(source.state_dict())
+
+
 def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
                     optimizer: torch.optim.Optimizer) -> Progress:
     """Loads weights, optimizer and RNG states into the freshly built model and optimizer."""

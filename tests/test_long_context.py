@@ -1,0 +1,292 @@
+"""Past the trained context: positions at any length, RoPE scaling (model/rope_scaling.py) against transformers'
+own, evaluate.py's chunked and sliding scores, a run from another run's weights (train.init_from), generation
+with a longer context, the GGUF keys, and the refusals."""
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGUFReader
+from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+import evaluate
+import generate
+from data_helpers import run_train, summary
+from errors import ConfigError
+from insight.lengths import position_nats, score
+from interop.hf_llama import hf_config
+from interop.load import load_model
+from interop_helpers import VOCAB, llama_cfg, one_error_line, run_export
+from model.config import ModelConfig
+from model.positions import PositionsError, Rotary, sinusoidal_table
+from model.rope_scaling import ntk_base
+from model.transformer import Transformer
+from storage.checkpoint import save_checkpoint
+from training.evaluate import next_token_loss
+from weights import far_from_init
+
+SCALED = ["linear", "ntk", "dynamic", "yarn"]
+L0 = 16  # the trained context of the parity tests' models: their sequences run to 4 L0
+
+
+def scaled_cfg(scaling: str, **changes) -> ModelConfig:
+    return llama_cfg(context_length=L0, rope_scaling=scaling, rope_factor=1.0 if scaling == "none" else 4.0,
+                     **changes)
+
+
+def halves_as_transformers(rotary: Rotary, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our tables in transformers' form: cos as it is, sin without rotate_half's sign (positions.py)."""
+    half = rotary.head_dim // 2
+    return rotary.cos[:length], torch.cat([-rotary.sin[:length, :half], rotary.sin[:length, half:]], dim=-1)
+
+
+@pytest.mark.parametrize("head_dim", [8, 32])
+@pytest.mark.parametrize("scaling", ["none", *SCALED])
+def test_rope_tables_equal_transformers_past_the_original_context(scaling, head_dim):
+    cfg = scaled_cfg(scaling, d_model=4 * head_dim)
+    hf = LlamaConfig(**{k: v for k, v in hf_config(cfg).items() if k != "architectures"})
+    length = 4 * L0
+    theirs = LlamaRotaryEmbedding(hf)(torch.zeros(1, length, head_dim), torch.arange(length)[None])
+    rotary = Rotary(head_dim, L0, cfg.rope_base, scaling, cfg.rope_factor, cfg.original_context)
+    rotary.fit(length)
+    for ours, expected in zip(halves_as_transformers(rotary, length), theirs):
+        assert (ours.double() - expected[0].double()).abs().max().item() <= 1e-10
+    # and the scaling changes the angles past L0 (a scaling that did nothing would pass the line above too)
+    plain = Rotary(head_dim, length, cfg.rope_base)
+    assert torch.equal(rotary.cos, plain.cos) == (scaling == "none")
+
+
+@pytest.mark.parametrize("scaling", SCALED)
+def test_logits_equal_transformers_at_4x_the_original_context(tmp_path, tokenizer_file, scaling):
+    model = far_from_init(Transformer(scaled_cfg(scaling)))
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    tokens = torch.randint(VOCAB, (2, 4 * L0), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits, expected = model(tokens), theirs(tokens).logits
+    # float32 both sides, the same ops in the same order (tests/test_interop.py): 1e-5 is ~10 float32 steps of
+    # the largest logits (~10); a wrong frequency at one pair moves logits of std > 1 by O(1)
+    assert expected.std() > 1
+    assert (logits - expected).abs().max().item() <= 1e-5
+    # and back: the exported directory loads here under the same scaling
+    reloaded, _ = load_model(tmp_path / "hf")
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens), logits)
+
+
+def test_a_yarn_fine_tune_exports_its_original_context():
+    cfg = llama_cfg(context_length=64, rope_scaling="yarn", rope_factor=4.0, rope_original_context=16)
+    config = hf_config(cfg)
+    assert config["max_position_embeddings"] == 64
+    assert config["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0,
+                                         "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                         "beta_slow": 1.0, "truncate": True}
+    assert config["rope_scaling"]["original_max_position_embeddings"] == 16  # transformers 4.x's key
+    ntk = hf_config(llama_cfg(rope_scaling="ntk", rope_factor=4.0))["rope_parameters"]
+    assert ntk == {"rope_type": "default", "rope_theta": 500.0 * 4.0 ** (8 / 6)}  # head dim 8: s^(D/(D-2))
+
+
+@pytest.mark.parametrize("scaling", ["none", *SCALED])
+def test_the_kv_cache_equals_recomputation_past_the_context_in_float64(scaling):
+    model = far_from_init(Transformer(scaled_cfg(scaling))).double()
+    length, prompt = 4 * L0, 5
+    tokens = torch.randint(VOCAB, (2, length), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(tokens)
+        cache = model.new_kv_cache(2, length)  # dynamic NTK scales a cached sequence at the cache's length
+        steps = [model(tokens[:, :prompt], 0, cache)]
+        steps += [model(tokens[:, t:t + 1], t, cache) for t in range(prompt, length)]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-10
+
+
+def test_growing_the_tables_leaves_the_default_model_bit_identical():
+    model = far_from_init(Transformer(llama_cfg()))  # context 64
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        before = model(tokens)
+        longer = model(torch.cat([tokens, tokens], dim=1))  # 128 positions: the tables grow
+        assert model.rotary.length == 128
+        assert torch.equal(model(tokens), before)
+    assert torch.equal(Rotary(8, 128, 500.0).cos[:64], Rotary(8, 64, 500.0).cos)
+    assert longer.shape == (1, 128, VOCAB)
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "none"])
+def test_absolute_and_no_positions_run_past_the_context(position):
+    model = Transformer(llama_cfg(position=position, context_length=16)).eval()
+    with torch.no_grad():
+        logits = model(torch.randint(VOCAB, (1, 40), generator=torch.Generator().manual_seed(5)))
+    assert logits.isfinite().all()
+    if position == "sinusoidal":
+        assert torch.equal(model.abs_pos.table, sinusoidal_table(40, 32))
+
+
+def test_a_learned_table_refuses_positions_past_its_rows():
+    model = Transformer(llama_cfg(position="learned", context_length=16))
+    with pytest.raises(PositionsError, match="model.position=learned has a table of 16 positions"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"rope_scaling": "xpos"}, "model.rope_scaling='xpos' must be one of none, linear, ntk, dynamic, yarn"),
+    ({"rope_scaling": "yarn", "rope_factor": 1.0}, "model.rope_factor=1.0 must be > 1 with model.rope_scaling=yarn"),
+    ({"rope_scaling": "linear", "rope_factor": 0.5}, "model.rope_factor=0.5 must be > 1"),
+    ({"rope_factor": 2.0}, "model.rope_factor=2.0 does nothing with model.rope_scaling=none"),
+    ({"rope_scaling": "ntk", "rope_factor": 2.0, "position": "sinusoidal"},
+     "model.rope_scaling=ntk scales RoPE's frequencies, but model.position=sinusoidal"),
+    ({"rope_original_context": 65}, "model.rope_original_context=65 must be an integer in [2, model.context_length=64]"),
+])
+def test_bad_scaling_settings_are_refused_by_name(changes, message):
+    with pytest.raises(ConfigError) as raised:
+        llama_cfg(**changes)
+    assert message in str(raised.value)
+
+
+# --- evaluate.py: chunked and sliding ---------------------------------------------------------------
+
+def test_chunked_and_sliding_score_each_token_once():
+    model = far_from_init(Transformer(llama_cfg(context_length=64))).double()
+    stream = np.random.default_rng(0).integers(0, VOCAB, 1000)
+    chunked = score(model, stream, 64, "chunked", 0, bucket=16, bytes_per_token=1.0)
+    sliding = score(model, stream, 64, "sliding", 16, bucket=16, bytes_per_token=1.0)
+    # 1000 tokens hold 15 windows of 64 + 1 at stride 64 (the last starts at 896), 59 at stride 16 (at 928)
+    assert (chunked["windows"], chunked["tokens"]) == (15, 15 * 64)
+    assert (sliding["windows"], sliding["tokens"]) == (59, 64 + 58 * 16)
+    assert [b["tokens"] for b in chunked["buckets"]] == [15 * 16] * 4
+    assert [b["tokens"] for b in sliding["buckets"]] == [16, 16, 16, 59 * 16]  # later windows score their last 16
+    # chunked is the mean of training's own loss over the same windows
+    windows = torch.from_numpy(np.stack([stream[a:a + 65] for a in range(0, 897, 64)]))
+    with torch.no_grad():
+        expected = next_token_loss(model, windows[:, :-1], windows[:, 1:]).item() / math.log(2)
+    assert abs(chunked["val_bpb"] - expected) <= 1e-12
+    # a stride of the whole length is the chunked cut
+    nats, counts = position_nats(model, stream, 64, "sliding", 64)
+    assert counts.sum() == chunked["tokens"] and abs(nats.sum() / counts.sum() / math.log(2) - expected) <= 1e-12
+
+
+@pytest.fixture(scope="module")
+def source_run(workdir, tiny):
+    run_dir = workdir / "source"
+    assert run_train(run_dir, *tiny).returncode == 0
+    return run_dir
+
+
+def test_evaluate_writes_both_modes_per_length_and_a_figure(source_run, tmp_path):
+    out = tmp_path / "lengths.json"
+    assert evaluate.main(["--ckpt", str(source_run), "--lengths", "32,64", "--stride", "16", "--json", str(out),
+                          "--max-tokens", "400"]) == 0
+    result = json.loads(out.read_text())
+    assert [(r["length"], r["mode"], r["stride"]) for r in result["results"]] == [
+        (32, "chunked", None), (32, "sliding", 16), (64, "chunked", None), (64, "sliding", 16)]
+    assert result["context_length"] == 32 and result["rope_scaling"] == "none"
+    for r in result["results"]:
+        assert r["buckets"][0]["start"] == 0 and r["buckets"][-1]["end"] == r["length"]
+        assert sum(b["tokens"] for b in r["buckets"]) == r["tokens"]
+        assert 0 < r["val_bpb"] < 20
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # under YaRN the same windows score differently past the context, and the JSON says which scaling
+    assert evaluate.main(["--ckpt", str(source_run), "--lengths", "64", "--mode", "chunked", "--rope-scaling",
+                          "yarn", "--rope-factor", "2", "--json", str(out), "--max-tokens", "400"]) == 0
+    yarn = json.loads(out.read_text())
+    assert (yarn["rope_scaling"], yarn["rope_factor"]) == ("yarn", 2.0)
+    assert yarn["results"][0]["val_bpb"] != result["results"][2]["val_bpb"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--lengths", "1"], "--lengths=1 must be >= 2"),
+    (["--lengths", "32,x"], "--lengths=32,x must be integers"),
+    (["--lengths", "32", "--rope-scaling", "yarn"], "--rope-scaling and --rope-factor go together"),
+    (["--lengths", "32", "--rope-scaling", "yarn", "--rope-factor", "1"], "model.rope_factor=1.0 must be > 1"),
+    (["--lengths", "32", "--stride", "40"], "--stride=40 is longer than the length 32"),
+])
+def test_evaluate_refuses_bad_flags_with_one_line(source_run, capsys, args, message):
+    assert evaluate.main(["--ckpt", str(source_run), *args]) == 2
+    assert message in one_error_line(capsys)
+
+
+def test_evaluate_and_generate_refuse_a_learned_table_past_its_length(workdir, tiny, capsys, tmp_path):
+    run_dir = workdir / "learned"
+    assert run_train(run_dir, *tiny, "position=learned", "train.max_steps=1").returncode == 0
+    capsys.readouterr()
+    assert evaluate.main(["--ckpt", str(run_dir), "--lengths", "64", "--json", str(tmp_path / "x.json")]) == 2
+    assert "model.position=learned has a table of 32 positions" in one_error_line(capsys)
+    assert not (tmp_path / "x.json").exists()
+    assert generate.main(["--ckpt", str(run_dir), "--context", "64", "--device", "cpu"]) == 2
+    assert "model.position=learned has a table of 32 positions" in one_error_line(capsys)
+
+
+def test_generate_goes_past_the_trained_context_under_a_scaling(source_run, capsys):
+    assert generate.main(["--ckpt", str(source_run), "--context", "96", "--rope-scaling", "yarn", "--rope-factor",
+                          "3", "--max-new-tokens", "80", "--ignore-eos", "--seed", "0", "--device", "cpu"]) == 0
+    # one cache of 81 positions (BOS + 80, the last token never fed back), no slide: 2 x 1 layer x 1 K/V head x
+    # 16 dims x 80 positions x 4 bytes
+    assert "KV cache 10,240 bytes" in capsys.readouterr().err
+
+
+# --- train.init_from: PI's recipe -----------------------------------------------------------------
+
+def tree_digest(folder: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            digest.update(str(path.relative_to(folder)).encode() + path.read_bytes())
+    return digest.hexdigest()
+
+
+def test_a_run_from_another_runs_weights_trains_at_a_longer_context(source_run, workdir, tiny):
+    before = tree_digest(source_run)
+    run_dir = workdir / "longer"
+    done = run_train(run_dir, *tiny, f"train.init_from={source_run}", "model.context_length=64",
+                     "model.rope_scaling=linear", "model.rope_factor=2", "train.max_steps=2")
+    assert done.returncode == 0, done.stderr
+    assert tree_digest(source_run) == before  # the source run is left as it was
+    model, _ = load_model(run_dir)
+    assert (model.cfg.context_length, model.cfg.original_context, model.cfg.rope_scaling) == (64, 32, "linear")
+    assert summary(run_dir)["steps"] == 2  # its own schedule, from step 0
+    state = torch.load(run_dir / "ckpt" / "train_state.pt", weights_only=True)
+    assert {s["step"].item() for s in state["optimizer"]["state"].values()} == {2.0}  # a fresh AdamW
+    # the source's weights moved by 2 steps, not drawn again: every matrix is still close to the source's
+    source, _ = load_model(source_run)
+    for name, weight in model.state_dict().items():
+        assert (weight - source.state_dict()[name]).abs().max().item() < 0.05, name
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.d_model=64", "model.d_model=64: train.init_from="),
+    ("data.vocab_size=400", "data.vocab_size=400: train.init_from="),
+])
+def test_a_run_from_another_runs_weights_keeps_what_they_depend_on(source_run, workdir, tiny, override, message):
+    run_dir = workdir / f"refused-{override.split('=')[0]}"
+    done = run_train(run_dir, *tiny, f"train.init_from={source_run}", override)
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and message in done.stderr and done.stderr.count("\n") == 1
+    assert not (run_dir / "ckpt").exists()
+
+
+# --- GGUF ---------------------------------------------------------------------------------------------
+
+def test_gguf_carries_linear_and_yarn_and_refuses_dynamic(tmp_path, tokenizer_file, capsys):
+    for scaling in ("yarn", "ntk", "dynamic"):
+        cfg = llama_cfg(context_length=64, rope_scaling=scaling, rope_factor=4.0, rope_original_context=16)
+        save_checkpoint(tmp_path / scaling, far_from_init(Transformer(cfg)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "yarn", "--format", "gguf", "--out", tmp_path / "yarn.gguf") == 0
+    fields = {k: f.contents() for k, f in GGUFReader(tmp_path / "yarn.gguf").fields.items()
+              if k.startswith("llama.rope")}
+    assert fields == {"llama.rope.dimension_count": 8, "llama.rope.freq_base": 500.0,
+                      "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0,
+                      "llama.rope.scaling.original_context_length": 16, "llama.rope.scaling.finetuned": True,
+                      "llama.rope.scaling.yarn_beta_fast": 32.0, "llama.rope.scaling.yarn_beta_slow": 1.0}
+    # transformers' GGUF loader reads a LLaMA file's rope.freq_base (and drops rope.scaling.*: it rebuilds those for
+    # gpt-oss files only), so NTK-aware, a base change, reaches it whole
+    assert run_export("--ckpt", tmp_path / "ntk", "--format", "gguf", "--out", tmp_path / "ntk.gguf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="ntk.gguf")
+    assert theirs.config.rope_parameters["rope_theta"] == pytest.approx(ntk_base(500.0, 4.0, 8), rel=1e-6)
+    capsys.readouterr()
+    assert run_export("--ckpt", tmp_path / "dynamic", "--format", "gguf", "--out", tmp_path / "dynamic.gguf") == 2
+    assert "model.rope_scaling=dynamic has no GGUF counterpart" in one_error_line(capsys)
+    assert not (tmp_path / "dynamic.gguf").exists()
