@@ -1,6 +1,7 @@
 """Throughput of this repo's models against their peers, in one process on one machine.
 
-    python bench.py [--device cpu|cuda] [--threads N] [--repeats N] [--json PATH] [--plot PATH] [--quick] [overrides]
+    python bench.py [--device cpu|cuda] [--threads N] [--repeats N] [--json PATH] [--plot PATH] [--quick]
+                    [--no-compile] [overrides]
     python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
     python bench.py --against DIR [--repeats N] [--json PATH] [overrides]  # this tree against another checkout
 
@@ -116,6 +117,7 @@ def full_sizes(overrides: list[str]) -> Sizes:
                  prefill_tokens=256, peak_n=2048, repeats=5)
 
 
+COMPILED = "llama_tiny, train.compile=true"
 # --quick: the same code paths at toy sizes, for the test of the JSON's shape; its figures mean nothing.
 QUICK_OVERRIDES = ["model.d_model=64", "model.n_layers=2", "model.context_length=32", "data.vocab_size=256",
                    "train.batch_size=2", "train.micro_batch_size=null"]
@@ -135,6 +137,8 @@ def parse_args(argv):
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--plot", type=Path, help="write a PNG of decode tokens/s against generated length")
     parser.add_argument("--quick", action="store_true", help="toy sizes: checks that everything runs")
+    parser.add_argument("--no-compile", dest="compile", action="store_false",
+                        help="leave out the torch.compile rows (compiling takes longer than the rest of --quick)")
     parser.add_argument("--ablation", action="store_true",
                         help="only the ablation's variants: training tokens/s of each, alternated")
     parser.add_argument("--against", type=Path, metavar="DIR",
@@ -319,18 +323,19 @@ def hf_gpt2(cfg: ModelConfig) -> nn.Module:
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
 
 
-def training_peers(sizes: Sizes, device: Device) -> dict[str, Peer]:
-    """llama_tiny (as `python train.py <overrides>` builds it), its compiled twin, the GPT-2 configuration, the
-    transformers peers and the one-switch rows, each composed from the overrides as train.py composes them."""
+def training_peers(sizes: Sizes, device: Device, compile: bool = True) -> dict[str, Peer]:
+    """llama_tiny (as `python train.py <overrides>` builds it), its compiled twin (unless not compile), the GPT-2
+    configuration, the transformers peers and the one-switch rows, each composed from the overrides as train.py
+    composes them."""
     settings, gpt2_settings = sizes.compose(), sizes.compose(*GPT2_SWITCHES)
     llama, hf_llama = build_pair(model_config(settings), device)
     gpt2 = Transformer(model_config(gpt2_settings)).to(device.name)
-    compiled, hf_gpt2_model = copy.deepcopy(llama), hf_gpt2(gpt2.cfg).to(device.name)  # a copy: its own optimizer
-    peers = {
-        "llama_tiny": peer(llama, settings, device),
-        # as train.py compiles: the loss, forward and cross-entropy in one graph
-        "llama_tiny, train.compile=true": peer(compiled, settings, device,
-                                               partial(torch.compile(next_token_loss), compiled), llama),
+    hf_gpt2_model = hf_gpt2(gpt2.cfg).to(device.name)
+    peers = {"llama_tiny": peer(llama, settings, device)}
+    if compile:  # as train.py compiles: the loss, forward and cross-entropy in one graph, on a copy (its own AdamW)
+        compiled = copy.deepcopy(llama)
+        peers[COMPILED] = peer(compiled, settings, device, partial(torch.compile(next_token_loss), compiled), llama)
+    peers |= {
         "GPT-2 configuration": peer(gpt2, gpt2_settings, device),
         "transformers LlamaForCausalLM": peer(hf_llama, settings, device,
                                               partial(next_token_loss, lambda x: hf_llama(input_ids=x).logits), llama),
@@ -365,11 +370,13 @@ def bench_training(peers: dict[str, Peer], sizes: Sizes, repeats: int, device: D
         row["flops_per_token"] = train_flops_per_token(peers[name].counted)
         row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / peak
     base, gpt2 = rows["llama_tiny"]["tokens_per_s"], rows["GPT-2 configuration"]["tokens_per_s"]
-    return {"training": rows, "peak_gflops": peak / 1e9, "peak_matmul_s": matmul_seconds,
-            "compiled_train_compile_s": warm_up_s["llama_tiny, train.compile=true"],  # compiling, then one step
-            "train_vs_gpt2": base / gpt2,
-            "train_vs_hf_llama": base / rows["transformers LlamaForCausalLM"]["tokens_per_s"],
-            "compiled_train_vs_gpt2": rows["llama_tiny, train.compile=true"]["tokens_per_s"] / gpt2}
+    results = {"training": rows, "peak_gflops": peak / 1e9, "peak_matmul_s": matmul_seconds,
+               "train_vs_gpt2": base / gpt2,
+               "train_vs_hf_llama": base / rows["transformers LlamaForCausalLM"]["tokens_per_s"]}
+    if COMPILED in rows:
+        results |= {"compiled_train_compile_s": warm_up_s[COMPILED],  # compiling, then one step
+                    "compiled_train_vs_gpt2": rows[COMPILED]["tokens_per_s"] / gpt2}
+    return results
 
 
 # ---------------------------------------------------------------- decode and prefill
@@ -445,7 +452,8 @@ def memory_bandwidth(device: Device, megabytes: int = 256) -> float:
     return 2 * src.nbytes / best
 
 
-def bench_decode(model: ModelConfig, sizes: Sizes, repeats: int, device: Device) -> tuple[dict, dict]:
+def bench_decode(model: ModelConfig, sizes: Sizes, repeats: int, device: Device,
+                 compile: bool = True) -> tuple[dict, dict]:
     ours, theirs = build_pair(replace(model, context_length=sizes.decode_context), device)
     ours.eval(), theirs.eval()
     vocab, new = model.vocab_size, sizes.new_tokens
@@ -457,29 +465,30 @@ def bench_decode(model: ModelConfig, sizes: Sizes, repeats: int, device: Device)
     curves = {}
     for batch in sizes.decode_batches:
         prompts = torch.randint(vocab, (batch, sizes.prompt_tokens), device=device.name)
-        compiled = our_generation(ours, prompts, new, use_cache=True, device=device, compile=True)
-        seconds, last, _ = timed_alternately(f"decode, batch {batch}", {
-            "ours": our_generation(ours, prompts, new, use_cache=True, device=device),
-            "ours, compiled": compiled,  # its warm-up run compiles the decode step
-            "theirs": their_generation(theirs, prompts, new, device)}, repeats, device)
-        ours_tps, compiled_tps, theirs_tps = (batch * new / statistics.median(seconds[name])
-                                              for name in ("ours", "ours, compiled", "theirs"))
+        runs = {"ours": our_generation(ours, prompts, new, use_cache=True, device=device),
+                "theirs": their_generation(theirs, prompts, new, device)}
+        if compile:  # its warm-up run compiles the decode step
+            runs["ours, compiled"] = our_generation(ours, prompts, new, use_cache=True, device=device, compile=True)
+        seconds, last, _ = timed_alternately(f"decode, batch {batch}", runs, repeats, device)
+        ours_tps, theirs_tps = (batch * new / statistics.median(seconds[name]) for name in ("ours", "theirs"))
         suffix = "" if batch == 1 else f"_b{batch}"
         results |= {f"decode{suffix}_tokens_per_s": ours_tps, f"hf_decode{suffix}_tokens_per_s": theirs_tps,
                     f"decode{suffix}_ratio": ours_tps / theirs_tps,
-                    f"compiled_decode{suffix}_tokens_per_s": compiled_tps,
-                    f"compiled_decode{suffix}_ratio": compiled_tps / theirs_tps,
-                    f"compiled_decode{suffix}_compile_s": compiled.compile_s,
                     # one greedy sequence on the same weights: they part only on a near-tie of two logits
                     f"decode{suffix}_same_tokens": bool(torch.equal(last["ours"][1], last["theirs"][1])),
-                    f"compiled_decode{suffix}_same_tokens": bool(torch.equal(last["ours"][1],
-                                                                             last["ours, compiled"][1])),
-                    f"decode{suffix}_s": seconds["ours"], f"compiled_decode{suffix}_s": seconds["ours, compiled"],
-                    f"hf_decode{suffix}_s": seconds["theirs"]}
+                    f"decode{suffix}_s": seconds["ours"], f"hf_decode{suffix}_s": seconds["theirs"]}
+        if compile:
+            compiled_tps = batch * new / statistics.median(seconds["ours, compiled"])
+            results |= {f"compiled_decode{suffix}_tokens_per_s": compiled_tps,
+                        f"compiled_decode{suffix}_ratio": compiled_tps / theirs_tps,
+                        f"compiled_decode{suffix}_compile_s": runs["ours, compiled"].compile_s,
+                        f"compiled_decode{suffix}_same_tokens": bool(torch.equal(last["ours"][1],
+                                                                                 last["ours, compiled"][1])),
+                        f"compiled_decode{suffix}_s": seconds["ours, compiled"]}
         if batch == 1:
-            curves |= {"nanollama, KV cache": last["ours"][0],
-                       "nanollama, KV cache, compiled": last["ours, compiled"][0],
-                       "transformers, KV cache": last["theirs"][0]}
+            curves |= {name: last[key][0] for name, key in (
+                ("nanollama, KV cache", "ours"), ("nanollama, KV cache, compiled", "ours, compiled"),
+                ("transformers, KV cache", "theirs")) if key in last}
             # once, and without a warm-up (the cached runs warmed the same model): it is the slow one
             nocache_seconds, nocache, _ = timed_alternately("decode, batch 1", {
                 "ours, no cache": our_generation(ours, prompts, new, use_cache=False, device=device)}, 1, device,
@@ -643,19 +652,20 @@ def table(r: dict, sizes: Sizes) -> str:
     rows = [  # name, value, the key of its target
         ("training: llama_tiny / GPT-2 configuration, eager", r["train_vs_gpt2"], "train_vs_gpt2"),
         ("training: llama_tiny / transformers LlamaForCausalLM", r["train_vs_hf_llama"], "train_vs_hf_llama"),
-        (f"training: llama_tiny train.compile=true (compiled in {r['compiled_train_compile_s']:.0f} s) / GPT-2 "
-         f"configuration eager", r["compiled_train_vs_gpt2"], "compiled_train_vs_gpt2"),
+        (f"training: llama_tiny train.compile=true (compiled in {r.get('compiled_train_compile_s', 0):.0f} s) / "
+         f"GPT-2 configuration eager", r.get("compiled_train_vs_gpt2"), "compiled_train_vs_gpt2"),
         (f"decode, batch 1, {sizes.new_tokens} new: {r['decode_tokens_per_s']:,.0f} tokens/s / transformers "
          f"{r['hf_decode_tokens_per_s']:,.0f}", r["decode_ratio"], "decode_ratio"),
         (f"decode, batch 1: / the weight-streaming limit {r['streaming_limit_tokens_per_s']:,.0f} tokens/s "
          f"({r['weight_bytes'] / 1e6:.1f} MB at {r['memory_bandwidth_gb_per_s']:.1f} GB/s)", r["decode_vs_limit"],
          "decode_vs_limit"),
-        (f"decode, batch 1, torch.compile (compiled in {r['compiled_decode_compile_s']:.0f} s): "
-         f"{r['compiled_decode_tokens_per_s']:,.0f} tokens/s / transformers", r["compiled_decode_ratio"], None),
+        (f"decode, batch 1, torch.compile (compiled in {r.get('compiled_decode_compile_s', 0):.0f} s): "
+         f"{r.get('compiled_decode_tokens_per_s', 0):,.0f} tokens/s / transformers", r.get("compiled_decode_ratio"),
+         None),
         (f"decode, batch {b}: {r[f'decode_b{b}_tokens_per_s']:,.0f} tokens/s / transformers "
          f"{r[f'hf_decode_b{b}_tokens_per_s']:,.0f}", r[f"decode_b{b}_ratio"], None),
-        (f"decode, batch {b}, torch.compile (compiled in {r[f'compiled_decode_b{b}_compile_s']:.0f} s) / "
-         f"transformers", r[f"compiled_decode_b{b}_ratio"], None),
+        (f"decode, batch {b}, torch.compile (compiled in {r.get(f'compiled_decode_b{b}_compile_s', 0):.0f} s) / "
+         f"transformers", r.get(f"compiled_decode_b{b}_ratio"), None),
         (f"decode, batch 1: KV cache / no cache ({r['nocache_decode_tokens_per_s']:,.0f} tokens/s)",
          r["cache_vs_nocache"], "cache_vs_nocache"),
         (f"prefill, {sizes.prefill_tokens}-token prompt: {r['prefill_tokens_per_s']:,.0f} tokens/s / transformers "
@@ -669,7 +679,8 @@ def table(r: dict, sizes: Sizes) -> str:
         return f"≥ {goal}: {'met' if r['targets_met'][key] else 'NOT met'}"
     lines = ["| measure | ratio | target |", "|---|---:|---|"]
     lines += [f"| {name} | {value:.0%} | {target(key)} |" if key == "decode_vs_limit" else
-              f"| {name} | {value:.3f}x | {target(key)} |" for name, value, key in rows]
+              f"| {name} | {value:.3f}x | {target(key)} |" for name, value, key in rows
+              if value is not None]  # --no-compile: no compiled rows
     return "\n".join(lines)
 
 
@@ -707,7 +718,7 @@ def main(argv=None) -> int:
             other = OtherTree.load(args.against)
             peers = against_peers(other, settings, device)
         else:
-            peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device)
+            peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device, args.compile)
     except UsageError as e:  # a bad override, a setting that builds no model, one transformers cannot mirror
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -725,9 +736,9 @@ def main(argv=None) -> int:
         return 0
     model = model_config(settings)
     results = bench_training(peers, sizes, repeats, device)
-    decode, curves = bench_decode(model, sizes, repeats, device)
+    decode, curves = bench_decode(model, sizes, repeats, device, args.compile)
     results |= decode
-    results["targets_met"] = {key: results[key] >= goal for key, goal in TARGETS.items()}
+    results["targets_met"] = {key: results[key] >= goal for key, goal in TARGETS.items() if key in results}
     results |= {"threads": torch.get_num_threads(), "device": device.name,
                 "dtype": "bf16 autocast" if device.cuda else "fp32", "torch_version": torch.__version__,
                 "transformers_version": transformers.__version__, "machine": machine(device),

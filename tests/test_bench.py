@@ -18,17 +18,20 @@ from sweep import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 THROUGHPUTS = ["decode_tokens_per_s", "hf_decode_tokens_per_s", "decode_b2_tokens_per_s", "hf_decode_b2_tokens_per_s",
-               "nocache_decode_tokens_per_s", "compiled_decode_tokens_per_s", "compiled_decode_b2_tokens_per_s",
-               "prefill_tokens_per_s", "hf_prefill_tokens_per_s", "peak_gflops", "memory_bandwidth_gb_per_s"]
+               "nocache_decode_tokens_per_s", "prefill_tokens_per_s", "hf_prefill_tokens_per_s", "peak_gflops",
+               "memory_bandwidth_gb_per_s"]
 PEERS = ["llama_tiny", "llama_tiny, train.compile=true", "GPT-2 configuration", "transformers LlamaForCausalLM",
          "transformers GPT2LMHeadModel", "llama_tiny norm=layernorm", "llama_tiny position=learned",
          "llama_tiny attention=mha", "llama_tiny ffn=gelu"]
+UNCOMPILED = [name for name in PEERS if name != bench.COMPILED]
 
 
 def test_quick_run_writes_every_figure(tmp_path):
+    """Without its compiled rows: the suite's one torch.compile test is generate.py's (tests/test_generate.py), and
+    compiling three graphs took longer than the rest of this test; a full bench.py run compiles them."""
     out, png = tmp_path / "bench.json", tmp_path / "decode.png"
     # One thread: on a shared 2-core machine two OpenMP threads per process stall each other for seconds.
-    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--threads", "1", "--repeats", "1",
+    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--no-compile", "--threads", "1", "--repeats", "1",
                            "--json", str(out), "--plot", str(png)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
@@ -36,7 +39,8 @@ def test_quick_run_writes_every_figure(tmp_path):
     for key in THROUGHPUTS:
         assert math.isfinite(result[key]) and result[key] > 0, key
     training = result["training"]
-    assert list(training) == PEERS
+    assert list(training) == UNCOMPILED
+    assert not [key for key in result if "compile" in key] and "torch.compile" not in proc.stdout
     tps = {name: row["tokens_per_s"] for name, row in training.items()}
     assert all(math.isfinite(t) and t > 0 for t in tps.values())
     for name, row in training.items():
@@ -52,23 +56,18 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert training["transformers LlamaForCausalLM"]["flops_per_token"] == 6 * llama + attention
     assert training["GPT-2 configuration"]["flops_per_token"] == 6 * gpt2 + attention
     assert training["transformers GPT2LMHeadModel"]["flops_per_token"] == 6 * gpt2 + attention
-    # the compiled training step's warm-up: compiling forward and backward takes longer than any timed step
-    assert result["compiled_train_compile_s"] > max(training["llama_tiny, train.compile=true"]["step_s"])
-    # compiled_decoder's warm-up compiles (seconds); the timed runs reuse its graphs
-    assert result["compiled_decode_compile_s"] > 0.5 and result["compiled_decode_b2_compile_s"] > 0.5
     n_params = 256 * 64 + 2 * (2 * 64 + 64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 64  # norms' gains too
     assert result["weight_bytes"] == 4 * n_params
-    # every target in bench.TARGETS is judged, and the printed table says what the JSON says
-    assert set(result["targets_met"]) == {"train_vs_gpt2", "train_vs_hf_llama", "compiled_train_vs_gpt2",
-                                          "decode_ratio", "decode_vs_limit", "cache_vs_nocache"}
+    # every target in bench.TARGETS whose rows ran is judged, and the printed table says what the JSON says
+    assert set(result["targets_met"]) == {"train_vs_gpt2", "train_vs_hf_llama", "decode_ratio", "decode_vs_limit",
+                                          "cache_vs_nocache"}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in proc.stdout.splitlines() if ": met |" in line
                 or ": NOT met |" in line]
     assert [v.endswith(": met") for v in verdicts] == list(result["targets_met"].values())
     # Same weights on both sides, greedy: the two implementations must pick the same tokens.
     assert result["decode_same_tokens"] and result["decode_b2_same_tokens"]
-    assert result["compiled_decode_same_tokens"] and result["compiled_decode_b2_same_tokens"]
     assert result["threads"] == 1 and result["dtype"] == "fp32" and result["quick"]
-    for name in PEERS:
+    for name in UNCOMPILED:
         assert f"| {name} | " in proc.stdout
     assert "| decode, batch 1, 8 new: " in proc.stdout and "/ the weight-streaming limit " in proc.stdout
     assert "| training: llama_tiny / GPT-2 configuration, eager | " in proc.stdout
