@@ -7,7 +7,7 @@
    best lr (configs/ablation/), at context L0 = 64: 300 steps of 32 x 64 tokens, the ablation's token budget;
 2. finetune: RoPE's checkpoints go on at 4 L0 = 256 from their weights (train.init_from), 60 steps of 8 x 256
    tokens at lr 4e-4 (the pretraining's floor), under Position Interpolation (linear x4), YaRN (x4) or none;
-3. evaluate (evaluate.py's functions, in this process): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x),
+3. evaluate (evaluate.py's main, in this process): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x; learned at 64 only),
    chunked and sliding (stride L / 2), on the val split's first 32,768 tokens; RoPE's pretrained checkpoints also
    under linear, NTK-aware and YaRN with s = L / L0 at each length, and dynamic NTK with s = 2, untrained for it.
 Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (sweep.launch: every job its own dir, a failed job fails
@@ -67,8 +67,9 @@ def evaluations(out: Path) -> list[tuple[str, int, Path, list[str]]]:
     """(row name, seed, checkpoint, evaluate.py's flags) of every evaluation."""
     jobs = []
     for seed in SEEDS:
-        for line in LINES:
-            jobs.append((line, seed, out / pretrain_run(line, seed).name, ["--lengths", ",".join(map(str, LENGTHS))]))
+        for line in LINES:  # a learned table has no position past L0 (evaluate.py refuses one)
+            lengths = LENGTHS[:1] if line == "learned" else LENGTHS
+            jobs.append((line, seed, out / pretrain_run(line, seed).name, ["--lengths", ",".join(map(str, lengths))]))
         rope = out / pretrain_run("baseline", seed).name
         for scaling in UNTRAINED:
             for length in LENGTHS[1:]:
@@ -105,29 +106,64 @@ def table(rows: list[dict]) -> list[dict]:
              "std": statistics.stdev(v) if len(v) > 1 else 0.0} for (row, length, mode), v in cells.items()]
 
 
+def degradation(rows: list[dict]) -> list[dict]:
+    """Each row's val bpb at L less its checkpoint's at L0, per seed, then mean and sample std over seeds: what going
+    past the trained context costs, paired within a checkpoint (the seeds' spread at L0 cancels). The scalings read
+    the pretrained RoPE checkpoints, so their L0 is the baseline's; a fine-tuned model's is its own."""
+    at_l0 = {(r["row"], r["seed"], r["mode"]): r["val_bpb"] for r in rows if r["length"] == L0}
+    cells = {}
+    for r in rows:
+        own = (r["row"] if (r["row"], r["seed"], r["mode"]) in at_l0 else "baseline", r["seed"], r["mode"])
+        cells.setdefault((r["row"], r["length"], r["mode"]), []).append(r["val_bpb"] - at_l0[own])
+    return [{"row": row, "length": length, "mode": mode, "mean": statistics.mean(v), "std": statistics.stdev(v)}
+            for (row, length, mode), v in cells.items() if length != L0]
+
+
+def by_position(rows: list[dict], row: str, width: int = L0) -> tuple[list[float], list[float]]:
+    """Chunked bpb at 8 L0 by position, in buckets of `width` positions (the buckets' token-weighted mean), averaged
+    over seeds: (bucket centres, bpb)."""
+    runs = [r for r in rows if r["row"] == row and r["mode"] == "chunked" and r["length"] == LENGTHS[-1]]
+    centres, values = [], []
+    for start in range(0, LENGTHS[-1], width):
+        per_seed = []
+        for r in runs:
+            inside = [b for b in r["buckets"] if start <= b["start"] < start + width]
+            per_seed.append(sum(b["val_bpb"] * b["tokens"] for b in inside) / sum(b["tokens"] for b in inside))
+        centres.append(start + width / 2)
+        values.append(statistics.mean(per_seed))
+    return centres, values
+
+
 def figure(rows: list[dict]):
-    """Left: val bpb against the window's length (chunked solid, sliding dashed), each row a colour, mean of seeds.
-    Right: chunked bpb against position at 8 L0 (seed 0), where the early-token curse and the cliff past L0 show."""
+    """Left and middle: what each row loses past L0, chunked and sliding (degradation(), mean of 3 seeds with their
+    std). Right: chunked bpb by position inside 8 L0 windows, where the loss rises past L0."""
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(13, 4.6), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    names = list(dict.fromkeys(r["row"] for r in rows))
-    for i, name in enumerate(names):
-        for mode, style in (("chunked", "-"), ("sliding", "--")):
-            cells = sorted((c["length"], c["mean"]) for c in table(rows) if c["row"] == name and c["mode"] == mode)
-            left.plot(*zip(*cells), style, marker=".", color=f"C{i % 10}", label=name if mode == "chunked" else None)
-        longest = [r for r in rows if r["row"] == name and r["seed"] == 0 and r["mode"] == "chunked"
-                   and r["length"] == LENGTHS[-1]]
-        for r in longest:
-            right.plot([(b["start"] + b["end"]) / 2 for b in r["buckets"]], [b["val_bpb"] for b in r["buckets"]],
-                       color=f"C{i % 10}", label=name)
-    left.set(xscale="log", yscale="log", xlabel="window length (tokens; trained at 64)",
-             ylabel="val bpb (mean of 3 seeds)", title="chunked (solid) and sliding, stride L/2 (dashed)")
-    left.set_xticks(LENGTHS, [str(n) for n in LENGTHS])
-    right.axvline(L0, color="grey", linestyle=":")
-    right.set(xscale="log", yscale="log", xlabel="position in a 512-token window", ylabel="val bpb",
-              title="chunked at 8x, by position (seed 0)")
-    left.legend(fontsize=7, ncols=2)
+    fig = Figure(figsize=(16, 4.8), layout="constrained")
+    axes = fig.subplots(1, 3)
+    costs = degradation(rows)
+    names = [n for n in dict.fromkeys(r["row"] for r in rows) if any(c["row"] == n for c in costs)]
+    colours = {name: f"C{i}" if i < 10 else "black" for i, name in enumerate(names)}
+    styles = {name: "--" if name.startswith("finetune") else ":" if "+" in name else "-" for name in names}
+    for ax, mode in zip(axes, ("chunked", "sliding")):
+        for name in names:
+            cells = sorted((c["length"], c["mean"], c["std"]) for c in costs if c["row"] == name and c["mode"] == mode)
+            lengths, means, stds = zip(*([(L0, 0.0, 0.0)] + cells))
+            ax.errorbar(lengths, means, yerr=stds, linestyle=styles[name], marker=".", capsize=2,
+                        color=colours[name], label=name)
+        ax.axhline(0, color="grey", linewidth=0.5)
+        ax.set(xscale="log", xlabel="window length (tokens; trained at 64)",
+               title=f"{mode}{', stride L/2' if mode == 'sliding' else ''}: bpb at L − bpb at 64")
+        ax.set_xticks(LENGTHS, [str(n) for n in LENGTHS])
+        ax.minorticks_off()
+    axes[0].set_ylabel("val bpb lost past the trained context (3 seeds)")
+    axes[0].legend(fontsize=7, ncols=2)
+    for name in ("baseline", "sinusoidal2017", "nope", "baseline+ntk", "baseline+yarn", "finetune-pi",
+                 "finetune-yarn", "finetune-plain"):
+        axes[2].plot(*by_position(rows, name), linestyle=styles[name], marker=".", color=colours[name], label=name)
+    axes[2].axvline(L0, color="grey", linestyle=":")
+    axes[2].set(xlabel="position in a 512-token window (64-token buckets)", ylabel="val bpb (mean of 3 seeds)",
+                title="chunked at 8x, by position")
+    axes[2].legend(fontsize=7)
     return fig
 
 
@@ -154,9 +190,16 @@ def main(argv=None) -> None:
             print(f"| {row} | {length} | " + " | ".join(
                 f"{by_mode[m]['mean']:.4f} ± {by_mode[m]['std']:.4f}" if m in by_mode else "" for m in
                 ("chunked", "sliding")) + " |")
+        print("\nbpb at L less bpb at L0, paired within a checkpoint\n| row | length | chunked | sliding |\n"
+              "|---|---:|---:|---:|")
+        costs = degradation(rows)
+        for row, length in dict.fromkeys((c["row"], c["length"]) for c in costs):
+            by_mode = {c["mode"]: c for c in costs if (c["row"], c["length"]) == (row, length)}
+            print(f"| {row} | {length} | " + " | ".join(f"{by_mode[m]['mean']:+.4f} ± {by_mode[m]['std']:.4f}"
+                                                      for m in ("chunked", "sliding")) + " |")
         if args.json:
             write_json(args.json, {"L0": L0, "lengths": LENGTHS, "max_tokens": MAX_TOKENS, "table": cells,
-                                   "rows": rows})
+                                   "degradation": costs, "rows": rows})
             write_bytes(args.json.with_suffix(".png"), png(figure(rows)))
 
     run_main(study)
