@@ -141,7 +141,7 @@ def test_speed_rows_run_one_way():
 
 def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
     out = tmp_path / "speed.json"
-    proc = subprocess.run([sys.executable, "bench.py", "--ablation", "--threads", "1", "--repeats", "1",
+    proc = subprocess.run([sys.executable, "bench.py", "--ablation", "--quick", "--threads", "1", "--repeats", "1",
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     speeds = json.loads(out.read_text())

@@ -37,7 +37,7 @@ def tiny_study(root: Path) -> list[str]:
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     out = root / "study"
-    args = ["--out", str(out), "--variants", "baseline", "postnorm", "--probe", "postnorm", "--lrs", *map(str, LRS),
+    args = ["--out", str(out), "--variants", "baseline", "--probe", "baseline", "--lrs", *map(str, LRS),
             "--seeds", "2", "--widen", "0", "--", *tiny_study(root)]
     sweep.main(args)  # Hydra's basic launcher: the runs one after another
     return out, args
@@ -46,7 +46,7 @@ def study(tmp_path_factory):
 def test_every_point_of_the_study_ran_in_its_own_dir(study):
     out, _ = study
     best = json.loads((out / "best_lr.json").read_text())
-    assert set(best) == {"baseline", "postnorm", "postnorm-nowarmup"}
+    assert set(best) == {"baseline", "baseline-nowarmup"}
     for line, lr in best.items():
         assert lr in LRS
         for grid_lr in LRS:
@@ -54,7 +54,7 @@ def test_every_point_of_the_study_ran_in_its_own_dir(study):
             assert f"lr: {grid_lr}" in config and f"min_lr: {grid_lr / 10:.6g}" in config
         seeds = sorted(d.name for d in (out / line / f"lr{lr:.4g}").iterdir())
         assert seeds == (["seed0"] if line.endswith("nowarmup") else ["seed0", "seed1"])
-    assert "warmup_fraction: 0.0" in (out / "postnorm-nowarmup" / f"lr{LRS[0]:.4g}" / "seed0" / "config.yaml").read_text()
+    assert "warmup_fraction: 0.0" in (out / "baseline-nowarmup" / f"lr{LRS[0]:.4g}" / "seed0" / "config.yaml").read_text()
 
 
 def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys):
@@ -63,7 +63,7 @@ def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys
     (killed / "summary.json").unlink()
     sweep.main([*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"])  # in a worker process
     printed = capsys.readouterr().out
-    assert "grid: 5 of 6 runs kept from an earlier call" in printed and "seeds: 2 of 2 runs kept" in printed
+    assert "grid: 3 of 4 runs kept from an earlier call" in printed and "seeds: 1 of 1 runs kept" in printed
     assert [line for line in printed.splitlines() if line.startswith("[")] == [
         line for line in printed.splitlines() if line.startswith(f"[1] baseline/lr{LRS[0]:.4g}/seed0: val bpb ")]
     assert json.loads((killed / "summary.json").read_text())["stop_reason"] == "completed"
