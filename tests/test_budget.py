@@ -189,6 +189,8 @@ def test_a_budgeted_run_ends_inside_its_budget_at_the_floor(budgeted):
     # (0.16 s) and a checkpoint: the last step leaves room for the end, which then fills the budget but a step
     assert BUDGET_S - 0.02 < result["elapsed_s"] <= BUDGET_S
     assert result["time_budget_s"] == BUDGET_S and result["budget_fraction"] == result["elapsed_s"] / BUDGET_S
+    # what the end's reserve used, as timed: an eval costs its 0.01 s on this clock, a sample and a checkpoint nothing
+    assert result["end_costs_s"] == {"eval": pytest.approx(0.01, abs=1e-12), "sample": 0.0, "ckpt": 0.0}
     assert lines[-1]["lr"] == OmegaConf.load(CONFIG_DIR / "config.yaml").train.min_lr
     assert "val_bpb" in lines[-1] and lines[-1]["step"] == result["steps"] > 250
     assert all(0 < m["budget_fraction"] <= result["budget_fraction"] for m in lines)

@@ -85,7 +85,8 @@ class Horizon:
         """For summary.json: the steps, the budget's share spent and, for a run that completed, which limit ended it."""
         record = {"steps": step}
         if self.budget is not None:
-            record |= {"time_budget_s": self.budget.seconds, **self.budget_fraction(elapsed)}
+            record |= {"time_budget_s": self.budget.seconds, **self.budget_fraction(elapsed),
+                       "end_costs_s": dict(self.budget.costs)}
         if completed:
             record["ended_by"] = "max_steps" if step >= self.max_steps else "time_budget"
         return record
