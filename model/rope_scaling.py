@@ -10,7 +10,7 @@ trained context L0 the slow pairs reach angles that training never showed. Each 
     ntk       (b s^(D/(D-2)))^(-2i/D)              NTK-aware (bloc97, 2023): a larger base; the fastest pair keeps its
                                                    speed, the slowest is divided by exactly s
     dynamic   ntk with s_L = s L / L0 - (s - 1)    dynamic NTK (emozilla, 2023): for a sequence of L > L0 positions,
-                                                   so s_L grows from 1 at L0 to s at s L0; up to L0, none
+                                                   so s_L is 1 at L0 and grows by s for every further L0; up to L0, none
     yarn      theta_i ((1 - r_i) + r_i / s)        YaRN (Peng et al. 2023): pairs that turn more than beta_fast = 32
                                                    times in L0 positions keep theta_i (r_i = 0), those that turn fewer
                                                    than beta_slow = 1 times are interpolated (r_i = 1), a linear ramp
