@@ -45,13 +45,13 @@ def parse_args(argv: list[str] | None):
         args.lengths = [int(n) for n in args.lengths.split(",")]
     except ValueError:
         raise UsageError(f"--lengths={args.lengths} must be integers separated by commas, e.g. 128,256,512") from None
-    for flag, values in (("--lengths", args.lengths), ("--stride", [args.stride]), ("--bucket", [args.bucket]),
-                         ("--max-tokens", [args.max_tokens]), ("--batch-size", [args.batch_size])):
-        for value in values:
-            if value is not None and value < (2 if flag == "--lengths" else 1):
-                raise UsageError(f"{flag}={value} must be >= {2 if flag == '--lengths' else 1}"
-                                 + (": a window of one token has no next token inside it" if flag == "--lengths"
-                                    else ""))
+    if min(args.lengths) < 2:
+        raise UsageError(f"--lengths={min(args.lengths)} must be >= 2: a window of one token has no next token "
+                         f"inside it")
+    for flag, value in (("--stride", args.stride), ("--bucket", args.bucket), ("--max-tokens", args.max_tokens),
+                        ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag}={value} must be >= 1")
     if args.stride and args.stride > min(args.lengths):
         raise UsageError(f"--stride={args.stride} is longer than the length {min(args.lengths)}: windows would "
                          f"skip tokens")

@@ -27,7 +27,7 @@ from insight import attention, blocks, decode, figures, lengths, page, positions
 from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
 from interop.load import load_model
-from storage.checkpoint import CheckpointError, check_vocab
+from storage.checkpoint import CheckpointError, check_vocab, run_dir_of
 from storage.files import atomic_dir, write_bytes, write_json
 
 DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
@@ -46,10 +46,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--wandb", action="store_true", help="also log the figures and tables to each checkpoint's "
                         "W&B run (mode: $WANDB_MODE, else online with a login, else offline)")
     return parser.parse_args(argv)
-
-
-def run_dir_of(ckpt_dir: Path) -> Path:
-    return ckpt_dir.parent if ckpt_dir.name in ("ckpt", "ckpt.old") else ckpt_dir
 
 
 def load(path: str) -> tuple[Transformer, Path, Tokenizer]:

@@ -151,7 +151,8 @@ class Engine:
             raise ValueError(f"prompts of one batch must have one length, got {sorted({len(p) for p in prompts})}")
         context = self.context
         if len(prompts[0]) > context:
-            limit = f"model.context_length={context}" if context == self.model.cfg.context_length else f"--context={context}"
+            limit = (f"model.context_length={context}" if context == self.model.cfg.context_length
+                     else f"the context of {context}")
             print(f"warning: the prompt has {len(prompts[0])} tokens, more than {limit}; "
                   f"keeping its last {context}", file=sys.stderr)
             prompts = [p[-context:] for p in prompts]

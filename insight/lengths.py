@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from data import prepare_data
 from errors import UsageError
 from model.transformer import Transformer
+from storage.checkpoint import run_dir_of
 
 MODES = ("chunked", "sliding")
 REPORT_MULTIPLES = (1, 2, 4)  # the report's lengths, in trained contexts
@@ -31,7 +32,7 @@ REPORT_TOKENS = 16384  # the val split's first tokens the report scores
 def run_val_split(ckpt_dir: Path) -> tuple[np.ndarray, float]:
     """(the val token stream, its bytes per token) of the training run that holds ckpt_dir: its config.yaml's data
     settings, through the token cache training built (data/prepare.py rebuilds a missing one)."""
-    run_dir = ckpt_dir.parent if ckpt_dir.name in ("ckpt", "ckpt.old") else ckpt_dir
+    run_dir = run_dir_of(ckpt_dir)
     if not (run_dir / "config.yaml").is_file():
         raise UsageError(f"no config.yaml in {run_dir}, so no val split to score: give a training run's dir")
     config = OmegaConf.load(run_dir / "config.yaml")

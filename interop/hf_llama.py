@@ -81,10 +81,12 @@ def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
     """(rope_parameters, max_position_embeddings) for the model's RoPE scaling, in transformers' terms
     (model/rope_scaling.py): ntk is its default type with the NTK-aware base; dynamic reads its original context
     from max_position_embeddings, yarn from original_max_position_embeddings."""
+    if cfg.rope_scaling == "none":
+        return {"rope_type": "default", "rope_theta": cfg.rope_base}, cfg.context_length
+    if cfg.rope_scaling == "ntk":
+        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim)}, \
+            cfg.context_length
     rope = {"rope_type": cfg.rope_scaling, "rope_theta": cfg.rope_base, "factor": float(cfg.rope_factor)}
-    if cfg.rope_scaling in ("none", "ntk"):
-        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim)
-                if cfg.rope_scaling == "ntk" else cfg.rope_base}, cfg.context_length
     if cfg.rope_scaling == "dynamic":
         return rope, cfg.original_context
     if cfg.rope_scaling == "yarn":
@@ -97,7 +99,8 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
     """transformers' config.json for a LLaMA-configured model; refuses any other with every offending switch."""
     check_llama(cfg, "transformers")
     rope, max_positions = hf_rope(cfg)
-    scaled = {"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}} if len(rope) > 2 else {}
+    scaled = ({"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}
+              if rope["rope_type"] != "default" else {})
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

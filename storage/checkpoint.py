@@ -51,6 +51,11 @@ def resolve_ckpt_dir(path: str | Path) -> Path:
     raise CheckpointError(f"no checkpoint at {path}: expected {path}/config.json or {path}/ckpt/config.json")
 
 
+def run_dir_of(ckpt_dir: Path) -> Path:
+    """The run dir that holds a checkpoint dir (ckpt/, or ckpt.old/ after a killed save), else the dir itself."""
+    return ckpt_dir.parent if ckpt_dir.name in ("ckpt", "ckpt.old") else ckpt_dir
+
+
 def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
     return [name for name, t in state.items() if t.is_floating_point() and not t.isfinite().all()]
 

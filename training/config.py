@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from errors import ConfigError
 from model.config import ModelConfig, check_attention_choice
 from settings import flatten
-from storage.checkpoint import CheckpointError, resolve_ckpt_dir
+from storage.checkpoint import CheckpointError, resolve_ckpt_dir, run_dir_of
 from training.budget import parse_duration
 
 POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
@@ -158,9 +158,9 @@ def init_settings(cfg: DictConfig, source: str) -> Path:
         ckpt_dir = resolve_ckpt_dir(source)
     except CheckpointError as e:
         raise ConfigError(f"train.init_from={source}: {e}") from None
-    config_file = ckpt_dir.parent / "config.yaml"
+    config_file = run_dir_of(ckpt_dir) / "config.yaml"
     if not config_file.is_file():
-        raise ConfigError(f"train.init_from={source}: no config.yaml in {ckpt_dir.parent}; give a training run's dir")
+        raise ConfigError(f"train.init_from={source}: no config.yaml in {config_file.parent}; give a training run's dir")
     saved = settings_of(OmegaConf.load(config_file))
     now = settings_of(cfg)
     named = named_settings(list(HydraConfig.get().overrides.task), now)

@@ -94,13 +94,13 @@ def start_from(ckpt_dir: Path, model: Transformer, tokenizer_file: Path) -> None
     if (ckpt_dir / "tokenizer.model").read_bytes() != Path(tokenizer_file).read_bytes():
         raise CheckpointError(f"train.init_from={ckpt_dir}: its tokenizer differs from the one the data settings "
                               f"give now ({tokenizer_file})")
-    ours = model.state_dict()
-    for name, tensor in source.state_dict().items():
+    ours, theirs = model.state_dict(), source.state_dict()
+    for name, tensor in theirs.items():
         if ours[name].shape != tensor.shape:  # only a learned position table changes shape with the context
             raise ConfigError(f"train.init_from={ckpt_dir}: {name} has {list(tensor.shape)}, this run's model "
                               f"{list(ours[name].shape)}: model.position={model.cfg.position} has no rows for "
                               f"model.context_length={model.cfg.context_length}")
-    model.load_state_dict(source.state_dict())
+    model.load_state_dict(theirs)
 
 
 def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
