@@ -119,6 +119,9 @@ def load_run(run_dir: Path) -> Run:
 
 def variant_key(run: Run, ignored: tuple[str, ...]) -> str:
     flat = {k: v for k, v in flatten(run.config).items() if not k.startswith(NOT_COMPARED)}
+    if "train.lr" in ignored and flat.get("train.muon_lr") is not None:
+        # a sweep's Muon lr moves with train.lr (optim=muon's default): the variant is their ratio, not the value
+        flat["train.muon_lr"] = flat["train.muon_lr"] / flat["train.lr"]
     for key in ignored:
         flat.pop(key, None)
     return json.dumps(flat, sort_keys=True, default=str) if run.config else str(run.path)
@@ -304,9 +307,21 @@ def lr_sensitivity(finals: list[float], init: float) -> float:
     return statistics.mean(min(f, init) for f in finals) - min(finals)
 
 
+def learning_rates_that_train(line: LRLine, threshold: float) -> list[float]:
+    """The learning rates whose seed-0 run ended below `threshold` (the unigram level minus a margin) by itself."""
+    return sorted(lr for lr, bpb in line.curve.items() if lr not in line.diverged and bpb < threshold)
+
+
 def largest_lr_that_trains(line: LRLine, threshold: float) -> float | None:
-    trained = [lr for lr, bpb in line.curve.items() if lr not in line.diverged and bpb < threshold]
-    return max(trained) if trained else None
+    trained = learning_rates_that_train(line, threshold)
+    return trained[-1] if trained else None
+
+
+def grid_that_trains(line: LRLine, grid: list[float], threshold: float) -> str:
+    """LR sensitivity's companion: how many of the shared grid's learning rates train, e.g. "2/7". It sees what
+    the sensitivity cannot: a run stuck at the unigram level is far below the loss at initialisation, so it
+    barely moves the sensitivity, but it does not train."""
+    return f"{len(set(learning_rates_that_train(line, threshold)) & set(grid))}/{len(grid)}"
 
 
 def lr_sweep_lines(variants: list[Variant]) -> tuple[list[LRLine], list[float], float] | None:
@@ -319,11 +334,12 @@ def lr_sweep_lines(variants: list[Variant]) -> tuple[list[LRLine], list[float], 
     return [lr_line(v, init, grid) for v in variants], grid, init
 
 
-def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, float | None]) -> str:
+def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, float | None],
+             grid_trains: dict[str, str]) -> str:
     rows = ["| variant | best lr | LR sensitivity | runs at best lr (n) | steps | tokens (M) | elapsed s "
-            "| val bpb at best lr | Δ bpb vs baseline | beyond seed noise? | largest lr that trains | params "
-            "| KV cache bytes/token |",
-            "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+            "| val bpb at best lr | Δ bpb vs baseline | beyond seed noise? | largest lr that trains | grid that trains "
+            "| params | KV cache bytes/token |",
+            "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for line in lines:
         delta, beyond = difference(line.best, baseline.best if baseline else None)
         if line is baseline:
@@ -333,7 +349,8 @@ def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, flo
         rows.append(f"| {line.name} | {'none' if line.best_lr is None else f'{line.best_lr:g}'} | "
                     f"{'n/a' if line.sensitivity is None else f'{line.sensitivity:.4f}'} | {runs} "
                     f"| {extent_cells(line.best)} | {fmt_mean_std(line.best.final('val_bpb'))} | {delta} | {beyond} "
-                    f"| {'none' if trains[line.name] is None else f'{trains[line.name]:g}'} | {summary_value(line.best, 'num_params')} "
+                    f"| {'none' if trains[line.name] is None else f'{trains[line.name]:g}'} | {grid_trains[line.name]} "
+                    f"| {summary_value(line.best, 'num_params')} "
                     f"| {summary_value(line.best, 'kv_cache_bytes_per_token')} |")
     return "\n".join(rows)
 
@@ -464,7 +481,9 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
     unigram = next((r.summary["unigram_val_bpb"] for r in runs if "unigram_val_bpb" in r.summary), None)
     trains = {line.name: largest_lr_that_trains(line, unigram - margin) if unigram is not None else None
               for line in lines}
-    print(lr_table(lines, baseline, trains))
+    grid_trains = {line.name: grid_that_trains(line, grid, unigram - margin) if unigram is not None else "n/a"
+                   for line in lines}
+    print(lr_table(lines, baseline, trains, grid_trains))
     print(f"\nLR sensitivity: over the {len(grid)} learning rates every variant has ({', '.join(f'{lr:g}' for lr in grid)}), "
           f"with the loss at initialisation {init:.4f} bpb (ln vocab_size) for a diverged run or one worse than that.")
     if unigram is not None:
@@ -484,6 +503,7 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
                                "variants": {line.name: {
                                    "best_lr": line.best_lr, "lr_sensitivity": line.sensitivity,
                                    "largest_lr_that_trains": trains[line.name],
+                                   "grid_that_trains": grid_trains[line.name],
                                    "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
                                    "diverged": sorted(line.diverged),
                                    "best_lr_val_bpb": line.best.final("val_bpb")} for line in lines}})

@@ -1,14 +1,16 @@
-"""Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory or a llama.cpp GGUF file.
+"""Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory or a llama.cpp GGUF file
+(with model.qk_norm=rmsnorm: Qwen3ForCausalLM, GGUF architecture qwen3).
 
     python export.py --ckpt outputs/<date>/<time> --out llama_hf [--force]
     python export.py --ckpt outputs/<date>/<time> --format gguf --out model.gguf [--dtype f32|f16|q8_0] [--force]
 
 transformers: config.json, model.safetensors, tokenizer.model and, when transformers' LlamaTokenizer
 reproduces the SentencePiece ids exactly, tokenizer_config.json (interop/hf_llama.py).
-gguf: one file with the LLaMA metadata, the weights in llama.cpp's layout and the SentencePiece
+gguf: one file with the LLaMA (or Qwen3) metadata, the weights in llama.cpp's layout and the SentencePiece
 tokenizer (interop/gguf_llama.py); --dtype f16 or q8_0 shrinks the matrices.
 Either is written next to --out and renamed into place, so a failed export leaves nothing behind and
-an existing --out whole. A checkpoint using any non-LLaMA switch is refused, naming each such switch.
+an existing --out whole. A checkpoint using any switch the format has no counterpart for (model.ffn=relu2, say)
+is refused with one error line and exit status 2, naming each such switch.
 """
 from __future__ import annotations
 
@@ -38,7 +40,7 @@ def export_transformers(ckpt: str | Path, out: str | Path, force: bool = False) 
     tokenizer_file = ckpt_dir / "tokenizer.model"
     tokenizer = check_vocab(model.cfg, tokenizer_file)
     bos, eos = (i if i >= 0 else None for i in (tokenizer.bos_id, tokenizer.eos_id))  # SentencePiece says -1 for none
-    config = hf_config(model.cfg, bos_id=bos, eos_id=eos)  # refuses non-LLaMA switches, naming them all
+    config = hf_config(model.cfg, bos_id=bos, eos_id=eos)  # refuses switches with no counterpart, naming them all
     tokenizer_config, why_not = hf_tokenizer_config(tokenizer_file, model.cfg.context_length)
     with atomic_dir(out) as tmp:
         write_json(tmp / "config.json", config)
@@ -59,7 +61,7 @@ def export_gguf(ckpt: str | Path, out: str | Path, dtype: str = "f32", force: bo
     if out.exists() and not force:
         raise UsageError(f"--out {out} exists; pass --force to replace it")
     model, ckpt_dir = load_model(ckpt)  # checks the tokenizer against the vocab size too
-    return write_gguf(model, ckpt_dir / "tokenizer.model", out, dtype)  # refuses non-LLaMA switches, naming them all
+    return write_gguf(model, ckpt_dir / "tokenizer.model", out, dtype)  # refuses what has no counterpart, naming all
 
 
 def main(argv: list[str] | None = None) -> int:

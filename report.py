@@ -1,5 +1,6 @@
-"""See inside a checkpoint: the chapter's demos (the KV cache, MHA / GQA / MQA, RoPE, the norms, the FFN)
-measured on your own trained model, in one self-contained page and, with --wandb, in the run's W&B run.
+"""See inside a checkpoint: the chapter's demos (the KV cache, MHA / GQA / MQA, RoPE, the norms, the FFN) and
+QK-norm's effect on the attention logits, measured on your own trained model, in one self-contained page and,
+with --wandb, in the run's W&B run.
 
     python report.py --ckpt outputs/latest                               # writes outputs/latest/report/
     python report.py --ckpt runs/default --ckpt runs/post --out docs/report   # side by side, labelled by what differs
@@ -155,14 +156,21 @@ def measure(model: Transformer, ids: list[int], first_token: int) -> dict:
             "ffn": blocks.ffn_activations(model, tokens)}
 
 
-def past_context_of(model: Transformer, ckpt_dir: Path) -> dict:
-    """Section 7's numbers, or why there are none: a checkpoint outside a training run has no val split."""
+def on_val_split(model: Transformer, ckpt_dir: Path, tokens: torch.Tensor) -> dict:
+    """The numbers of sections 7 and 8, read on the run's val split. A checkpoint outside a training run has none:
+    section 7 says why, section 8 reads the prompt (tokens [1, T]) instead."""
     try:
         stream, bytes_per_token = lengths.run_val_split(ckpt_dir)
     except UsageError as e:
-        return {"unavailable": str(e)}
-    with torch.no_grad():
-        return lengths.past_context(model, stream, bytes_per_token)
+        past, windows = {"unavailable": str(e)}, torch.empty(0, 0, dtype=torch.long)
+    else:
+        with torch.no_grad():
+            past = lengths.past_context(model, stream, bytes_per_token)
+        windows = lengths.report_windows(stream, model.cfg.context_length)
+    source, windows = ("val", windows) if len(windows) else ("prompt", tokens)
+    return {"past_context": past,
+            "qk_logits": {"source": source, "windows": len(windows), "window_tokens": windows.shape[1],
+                          **attention.logit_scale(model, windows)}}
 
 
 def estimator(models: list[Transformer], names: list[str]) -> dict:
@@ -216,7 +224,7 @@ def report(argv: list[str] | None = None) -> Path:
     for model, ckpt_dir, label, model_settings in zip(models, ckpt_dirs, checkpoint_labels, settings):
         result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model_settings,
                                       "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id),
-                                      "past_context": past_context_of(model, ckpt_dir)})
+                                      **on_val_split(model, ckpt_dir, torch.tensor([ids]))})
     pngs = figures.draw(result)
     with atomic_dir(folder) as tmp:
         for name, data in pngs.items():

@@ -34,6 +34,8 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     micro_batch_size: Optional[int] = MISSING
     lr: float = MISSING
     min_lr: float = MISSING
+    optimizer: str = MISSING  # the optim group's (configs/optim/): adamw or muon (training/optim.py)
+    muon_lr: Optional[float] = MISSING  # Muon's peak lr (configs/optim/muon.yaml); null under adamw
     warmup_fraction: float = MISSING
     lr_decay_steps: Optional[int] = MISSING
     weight_decay: float = MISSING

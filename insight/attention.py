@@ -6,12 +6,22 @@ or fewer K/V heads, and the weights of every layer and head on the prompt.
                           visible keys, 0 all weight on one key     (training.diagnostics.normalised_entropy)
 
 q and k come from each block's own Attention.heads, called by a forward hook on the input the block gave it.
+
+The logits' scale, what QK-norm (model/qk_norm.py) does to it, on windows of tokens:
+    as_trained[l] = max over windows, heads and causal pairs s <= t of |q_t . k_s| / sqrt(D), the logits softmax reads
+    bypassed[l]   = the same with each head's q and k taken before the norm (the raw projections, then RoPE): the
+                    scale the projections alone would give, from the same block inputs
+    bound[l]      = sqrt(D) max|g_q| max|g_k|: a normalised head has |q| <= sqrt(D) max|g_q| (and k alike), so by
+                    Cauchy-Schwarz no logit of the normalised q and k can exceed it; RoPE turns q and k without
+                    changing their norms
 """
 import copy
+import math
+from contextlib import contextmanager
 
 import torch
 
-from model.attention import attention_weights
+from model.attention import attention_scores, attention_weights
 from model.config import ModelConfig, attention_kind
 from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
@@ -81,3 +91,53 @@ def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict
              "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element),
              "this_model": n == cfg.n_kv_heads}
             for n in counts]
+
+
+@contextmanager
+def qk_norm_bypassed(model: Transformer):
+    """Every block's attention without its QK-norm while inside: Attention.heads then returns the raw q and k
+    projections, rotated. The norms are put back on the way out, on an error too, so the model is unchanged after."""
+    norms = [block.attn.qk_norm for block in model.blocks]
+    try:
+        for block in model.blocks:
+            block.attn.qk_norm = None
+        yield
+    finally:
+        for block, norm in zip(model.blocks, norms):
+            block.attn.qk_norm = norm
+
+
+def max_causal_logit(q: torch.Tensor, k: torch.Tensor) -> float:
+    """q [B, H, T, D], k [B, H_kv, T, D] -> max |q_t . k_s| / sqrt(D) over the batch, heads and s <= t: the logits
+    the causal mask lets through, the only ones softmax reads."""
+    T = q.shape[-2]
+    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+    return attention_scores(q, k).abs().masked_fill(future, 0).amax().item()
+
+
+def logit_bound(model: Transformer) -> list[float] | None:
+    """Per layer sqrt(D) max|g_q| max|g_k|, the largest |q . k| / sqrt(D) QK-norm allows; None without QK-norm."""
+    if model.cfg.qk_norm == "none":
+        return None
+    return [math.sqrt(model.cfg.head_dim) * block.attn.qk_norm.q_norm.weight.abs().max().item()
+            * block.attn.qk_norm.k_norm.weight.abs().max().item() for block in model.blocks]
+
+
+def logit_scale(model: Transformer, windows: torch.Tensor, batch_size: int = 8) -> dict:
+    """windows [N, T] of tokens, each read from position 0 -> per layer the max |q . k| / sqrt(D) as trained and,
+    with QK-norm, with the norm bypassed, and the bound; without QK-norm there is no norm to bypass (None)."""
+    normalised = model.cfg.qk_norm != "none"
+    as_trained = [0.0] * len(model.blocks)
+    bypassed = [0.0] * len(model.blocks) if normalised else None
+    for batch in windows.split(batch_size):
+        # the block inputs of the model as trained: bypassing a norm must not change what the later layers read
+        inputs = attention_inputs(model, batch.to(model.tok_emb.weight.device))
+        with torch.no_grad():
+            for layer, (block, (x, start)) in enumerate(zip(model.blocks, inputs)):
+                as_trained[layer] = max(as_trained[layer], max_causal_logit(*block.attn.heads(x, start)[:2]))
+            if normalised:
+                with qk_norm_bypassed(model):
+                    for layer, (block, (x, start)) in enumerate(zip(model.blocks, inputs)):
+                        bypassed[layer] = max(bypassed[layer], max_causal_logit(*block.attn.heads(x, start)[:2]))
+    return {"qk_norm": model.cfg.qk_norm, "head_dim": model.cfg.head_dim, "as_trained": as_trained,
+            "bypassed": bypassed, "bound": logit_bound(model)}

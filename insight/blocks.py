@@ -7,7 +7,11 @@ cosine between positions and the gradient norm of the block's weights for that o
 The FFN: the activation of each block's hidden units, read by a forward hook at the input projection's output
 and put through the block's own activation function:
     SwiGLU: silu(x W1), the gate (before it multiplies x W3)      ReLU / GELU: relu(x W1) / gelu(x W1)
+    ReLU²: relu(x W1)², what W2 reads
 zero: the fraction exactly 0; near zero: the fraction with |a| < NEAR_ZERO * rms(a) over the layer.
+The histogram spans the 0.1% to 99.9% quantiles of every layer's activations; what lies beyond is left out of
+its bins (ReLU²'s right tail, the squares of the largest inputs, reaches far past the 99.9% quantile) and counted
+in `beyond`, with `range` the smallest and largest activation, so the figure can say how far the axis cuts.
 """
 import torch
 
@@ -17,6 +21,8 @@ from training.diagnostics import layer_stats
 STREAM_STATS = ("stream_rms", "attn_ratio", "ffn_ratio", "position_cos", "grad_norm")
 NEAR_ZERO = 0.1  # of the layer's activation rms: a unit a tenth as loud as a typical one passes little
 HISTOGRAM_BINS = 60
+ACTIVATION_NAMES = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)",
+                    "relu2": "relu(x·W1)², the hidden activation"}
 
 
 def residual_stream(model: Transformer, tokens: torch.Tensor) -> dict:
@@ -27,7 +33,8 @@ def residual_stream(model: Transformer, tokens: torch.Tensor) -> dict:
 
 def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
     """tokens [1, T] -> the FFN kind, per layer the zero and near-zero fractions, and the histogram of every
-    layer's activations together (density over HISTOGRAM_BINS bins between their 0.1% and 99.9% quantiles)."""
+    layer's activations together (density over HISTOGRAM_BINS bins between their 0.1% and 99.9% quantiles, the
+    share beyond them, the smallest and largest activation)."""
     found = []
 
     def keep(ffn):
@@ -52,4 +59,6 @@ def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
             "zero": [(a == 0).float().mean().item() for a in found],
             "near_zero": [(a.abs() < NEAR_ZERO * a.pow(2).mean().sqrt()).float().mean().item() for a in found],
             "edges": torch.linspace(low, high, HISTOGRAM_BINS + 1).tolist(),
-            "density": (counts / (every.numel() * width)).tolist()}
+            "density": (counts / (every.numel() * width)).tolist(),
+            "beyond": 1 - counts.sum().item() / every.numel(),
+            "range": [every.min().item(), every.max().item()]}

@@ -6,6 +6,9 @@ labelled as the report labels them (by the switches in which they differ).
 import io
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogFormatter
+
+from insight.blocks import ACTIVATION_NAMES
 
 DPI = 100
 TOKEN_LABELS_UP_TO = 48  # more tokens than this on an axis and every label would overlap its neighbours
@@ -185,26 +188,55 @@ def residual_stream(report: dict) -> Figure:
 
 
 def ffn(report: dict) -> Figure:
-    fig = Figure(figsize=(11, 3.8), layout="constrained")
-    density, near = fig.subplots(1, 2)
+    """A density panel per checkpoint, beside each other: the kinds' scales differ too much for one axis (ReLU²
+    squares its inputs, SwiGLU's gate stays near them), so each gets its own; then the near-zero fractions."""
     checkpoints = report["checkpoints"]
+    fig = Figure(figsize=(4.2 * len(checkpoints) + 8, 3.8), layout="constrained")
+    *densities, near = fig.subplots(1, len(checkpoints) + 1)
     width = 0.8 / len(checkpoints)
-    for i, ckpt in enumerate(checkpoints):
+    for i, (density, ckpt) in enumerate(zip(densities, checkpoints)):
         f = ckpt["ffn"]
-        name = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)"}[f["kind"]]
-        density.stairs(f["density"], f["edges"], color=colour(i), label=f"{ckpt['label']}: {name}")
+        density.stairs(f["density"], f["edges"], color=colour(i))
+        smallest, largest = f["range"]
+        density.set(xlabel="activation a (between its 0.1% and 99.9% quantiles)", yscale="log",
+                    title=f"{ckpt['label']}\n{ACTIVATION_NAMES[f['kind']]}")
+        # the cut tail is not in the bins; say how much of it there is and how far it reaches
+        density.annotate(f"{f['beyond']:.2%} beyond the axis\nall within [{smallest:.3g}, {largest:.3g}]",
+                         (0.97, 0.97), xycoords="axes fraction", ha="right", va="top", fontsize=8)
         layers = range(len(f["near_zero"]))
         near.bar([l + (i - (len(checkpoints) - 1) / 2) * width for l in layers], f["near_zero"], width * 0.9,
                  color=colour(i), label=f"{ckpt['label']}: |a| < 0.1 rms")
         near.plot([l + (i - (len(checkpoints) - 1) / 2) * width for l in layers], f["zero"], "k_", ms=14,
                   label="exactly 0" if i == 0 else None)
-    density.set(xlabel="activation a (between its 0.1% and 99.9% quantiles)",
-                ylabel="density (every layer, every position)", yscale="log",
-                title="the FFN's activations on the prompt")
-    near.set(xlabel="layer", ylabel="fraction of the hidden units", ylim=(0, 1), title="near zero")
-    near.xaxis.get_major_locator().set_params(integer=True)
-    density.legend(fontsize=8)
-    near.legend(fontsize=8)
+    densities[0].set_ylabel("density (every layer, every position)")
+    near.set(xlabel="layer", ylabel="fraction of the hidden units", ylim=(0, 1), title="near zero",
+             xticks=range(max(len(c["ffn"]["zero"]) for c in checkpoints)))
+    near.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside: inside, it hid bars near 1
+    return fig
+
+
+def qk_logits(report: dict) -> Figure:
+    """Per layer, the largest logit as trained (solid), with the QK-norm bypassed (dashed) and the norm's bound
+    (dotted), one colour per checkpoint; log scale, since the raw projections' logits may be far larger."""
+    checkpoints = report["checkpoints"]
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax = fig.subplots()
+    for i, ckpt in enumerate(checkpoints):
+        scale, label = ckpt["qk_logits"], ckpt["label"]
+        layers = range(len(scale["as_trained"]))
+        ax.plot(layers, scale["as_trained"], "-o", color=colour(i), label=f"{label}: as trained")
+        if scale["bypassed"] is not None:
+            ax.plot(layers, scale["bypassed"], "--s", color=colour(i), label=f"{label}: QK-norm bypassed")
+            # a bar marker as well as the line: a one-layer model's bound is a single point
+            ax.plot(layers, scale["bound"], ":_", ms=16, color=colour(i),
+                    label=f"{label}: bound √D·max|g_q|·max|g_k|")
+    ax.set(xlabel="layer", ylabel="max |q·k| / √D, causal pairs", yscale="log",
+           xticks=range(max(len(c["qk_logits"]["as_trained"]) for c in checkpoints)),
+           title="the attention logits' scale, and what QK-norm bounds it to")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # 0.1, 1, 10, not 10⁻¹, 10⁰, 10¹
+    ax.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
+    ax.margins(x=0.15)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: the points stay visible
     return fig
 
 
@@ -243,4 +275,5 @@ def draw(report: dict) -> dict[str, bytes]:
     for i, ckpt in enumerate(report["checkpoints"]):
         if ckpt["past_context"].get("results"):
             figures[f"lengths_{i}.png"] = loss_by_position(ckpt["past_context"])
+    figures["qk_logits.png"] = qk_logits(report)
     return {name: png(fig) for name, fig in figures.items() if fig is not None}

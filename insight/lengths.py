@@ -85,6 +85,14 @@ def score(model: Transformer, stream: np.ndarray, length: int, mode: str, stride
             "val_bpb": float(nats.sum() / counts.sum() * to_bpb), "buckets": buckets}
 
 
+def report_windows(stream: np.ndarray, length: int) -> torch.Tensor:
+    """[N, length]: the chunked windows of the val split's first REPORT_TOKENS tokens that past_context scores at
+    that length (N = 0 when the split is shorter than one window and its next token)."""
+    stream = stream[:REPORT_TOKENS]
+    rows = [stream[a:a + length] for a in window_starts(len(stream), length, "chunked", length)]
+    return torch.from_numpy(np.stack(rows).astype(np.int64)) if rows else torch.empty(0, length, dtype=torch.long)
+
+
 def past_context(model: Transformer, stream: np.ndarray, bytes_per_token: float) -> dict:
     """The report's section: chunked val bpb by position at 1, 2 and 4 times the trained context (a learned table:
     its own context only), on the val split's first REPORT_TOKENS tokens."""

@@ -40,9 +40,12 @@ SECTIONS = [
      "has passed through every norm above them.",
      ("residual_stream",), ("stream",)),
     ("ffn", "6. FFN activations",
-     "The distribution of the FFN's hidden activations on the prompt: SwiGLU's gate silu(x·W1), or ReLU's and GELU's "
-     "activations, and the fraction of the units at zero or near it. ReLU zeroes every negative input exactly; "
-     "SiLU and GELU let small negative values through, so the gate is rarely exactly closed.",
+     "The distribution of the FFN's hidden activations on the prompt, a panel per checkpoint: SwiGLU's gate "
+     "silu(x·W1), ReLU's, GELU's, or ReLU²'s relu(x·W1)², and the fraction of the units at zero or near it. ReLU "
+     "and ReLU² zero every negative input exactly; SiLU and GELU let small negative values through, so the gate is "
+     "rarely exactly closed. ReLU² squares what is left, so its few large inputs grow far past the many small ones: "
+     "most of its units lie near zero beside the layer's rms, and its right tail reaches far past the panel's 99.9% "
+     "quantile, which the panel states (the share beyond the axis and the largest value) instead of drawing.",
      ("ffn",), ("ffn",)),
     ("past-context", "7. Past the trained context",
      "The val split's bits per byte at each position of windows 1, 2 and 4 times the trained context, cut into "
@@ -52,6 +55,18 @@ SECTIONS = [
      "scalings that stretch a context (Position Interpolation, NTK-aware, YaRN). A learned table has no positions "
      "past its own; a checkpoint outside a training run dir has no val split to score.",
      ("lengths",), ("lengths",)),
+    ("qk-norm", "8. QK-norm: the attention logits' scale",
+     "Per layer, the largest attention logit |q·k|/√D that softmax reads (every head, causal pairs only) over the "
+     "val split's windows at the trained context, the ones section 7 scores at 1x (the prompt for a checkpoint "
+     "outside a training run). QK-norm (model.qk_norm=rmsnorm) RMS-normalises each q and k head before RoPE, so no "
+     "logit can exceed √D·max|g_q|·max|g_k|, the bound column, whatever the projections do. Beside it the same "
+     "logits with the norm bypassed: q and k straight from their projections, then RoPE, on the same block inputs. "
+     "The norm makes the output blind to that raw scale, so training leaves it free to drift; the gap between the "
+     "two columns is what the norm removes. A checkpoint without QK-norm has the as-trained column only: it has no "
+     "norm to bypass and no gains to bound its logits, which its projections can grow without limit (at a high "
+     "learning rate the logits blow up and softmax saturates). The chapter predates QK-norm (OLMo 2, Gemma 3, "
+     "Qwen3 use it).",
+     ("qk_logits",), ("qk_logits",)),
 ]
 
 ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
@@ -64,7 +79,8 @@ def _ms(seconds: float) -> float:
 
 def tables(report: dict) -> dict[str, dict]:
     """Each table as {"columns": [...], "rows": [[...]]}: the page shows them, W&B gets them as wandb.Table."""
-    rows = {name: [] for name in ("kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths")}
+    rows = {name: [] for name in ("kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths",
+                                  "qk_logits")}
     for ckpt in report["checkpoints"]:
         label = ckpt["label"]
         kv = ckpt["kv_cache"]
@@ -98,6 +114,11 @@ def tables(report: dict) -> dict[str, dict]:
             past = [b for b in result["buckets"] if b["start"] >= lengths["context_length"]]
             rows["lengths"].append([label, result["length"], result["length"] / lengths["context_length"],
                                     round(result["val_bpb"], 4), _mean_bpb(inside), _mean_bpb(past), ""])
+        scale = ckpt["qk_logits"]
+        for layer, as_trained in enumerate(scale["as_trained"]):
+            rows["qk_logits"].append([label, scale["qk_norm"], layer, _read_on(scale), as_trained,
+                                      scale["bypassed"][layer] if scale["bypassed"] else None,
+                                      scale["bound"][layer] if scale["bound"] else None])
     columns = {
         "kv_cache": ["checkpoint", "positions", "cached ms/token, first", "cached ms/token, last",
                      "uncached ms/token, first", "uncached ms/token, last", "uncached / cached, whole run",
@@ -112,8 +133,16 @@ def tables(report: dict) -> dict[str, dict]:
         "ffn": ["checkpoint", "FFN", "layer", "fraction exactly 0", f"fraction |a| < {NEAR_ZERO} rms"],
         "lengths": ["checkpoint", "window (tokens)", "x trained context", "val bpb, chunked",
                     "positions inside the context", "positions past it", "note"],
+        "qk_logits": ["checkpoint", "QK-norm", "layer", "read on", "max |q·k|/√D as trained",
+                      "max |q·k|/√D, norm bypassed", "bound √D·max|g_q|·max|g_k|"],
     }
     return {name: {"columns": columns[name], "rows": rows[name]} for name in rows}
+
+
+def _read_on(scale: dict) -> str:
+    if scale["source"] == "val":
+        return f"val split, {scale['windows']} windows of {scale['window_tokens']} tokens"
+    return f"the prompt, {scale['window_tokens']} tokens (no val split)"
 
 
 def _mean_bpb(buckets: list[dict]) -> float | None:
@@ -210,7 +239,7 @@ code, .tokens { font-family: ui-monospace, monospace; } .tokens span { backgroun
 .result { font-size: 1.2em; font-weight: bold; } .formula { font-family: ui-monospace, monospace; }"""
 
 
-SWITCHES = ("norm", "norm_position", "position", "attention", "ffn")
+SWITCHES = ("norm", "norm_position", "position", "attention", "qk_norm", "ffn")
 SIZES = ("d_model", "n_layers", "n_heads", "n_kv_heads", "context_length")
 
 

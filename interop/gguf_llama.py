@@ -1,22 +1,27 @@
-"""The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout, its SentencePiece tokenizer inside.
+"""The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout (with QK-norm: its Qwen3 layout),
+its SentencePiece tokenizer inside.
 
-    metadata  llama.*            context, embedding and feed-forward lengths, blocks, heads, K/V heads,
-                                 RoPE base, dimension count and scaling (add_rope), RMSNorm eps, vocabulary size
+    metadata  <arch>.*           context, embedding and feed-forward lengths, blocks, heads, K/V heads,
+                                 RoPE base, dimension count and scaling (add_rope), RMSNorm eps, vocabulary size;
+                                 <arch> is llama, or qwen3 for model.qk_norm=rmsnorm (LLAMA_CPP_ARCHS)
               tokenizer.ggml.*   model "llama", every piece with its score and type, bos/eos/unk/pad ids
     tensors   our weights -> transformers' names (hf_llama.hf_state_dict: the one split of our stacked
-              matrices) -> llama.cpp's names (the gguf package's TensorNameMap for LLaMA):
+              matrices) -> llama.cpp's names (the gguf package's TensorNameMap for the architecture):
                   model.embed_tokens          token_embd    [V, d]
                   layers.i.input_layernorm    blk.i.attn_norm
                   self_attn.{q,k,v,o}_proj    blk.i.attn_q, attn_k, attn_v, attn_output
+                  self_attn.{q,k}_norm        blk.i.attn_q_norm, attn_k_norm   [D] (qwen3 only)
                   post_attention_layernorm    blk.i.ffn_norm
                   mlp.{gate,up,down}_proj     blk.i.ffn_gate, ffn_up, ffn_down
                   model.norm, lm_head         output_norm, output (absent when tied: llama.cpp reuses token_embd)
               each stored as torch's [out, in] (GGUF lists dims innermost first; the writer reverses them).
 
-RoPE: this repo and transformers rotate the pairs (i, i + D/2) of each head (half-split); llama.cpp's LLaMA
+RoPE: this repo and transformers rotate the pairs (i, i + D/2) of each head (half-split); llama.cpp's llama
 graph rotates the adjacent pairs (2i, 2i + 1). Reordering the rows of attn_q and attn_k within each head,
     new row 2i + j  <-  old row j * D/2 + i       (i = 0 .. D/2 - 1, j = 0, 1)
 gives llama.cpp the same rotated q and k up to one shared permutation of their dims, so the same q . k.
+llama.cpp's qwen3 graph rotates the half-split pairs itself (its "NEOX" RoPE), so there the rows stay as they are,
+and so do the q/k norm gains, which a reordering of q's and k's dims would have to follow.
 
 --dtype: f32 writes every tensor as float32; f16 and q8_0 convert the matrices and keep the 1-D norm weights
 float32, as llama.cpp's own converter does. q8_0 stores blocks of 32 consecutive weights of a row as 32 int8
@@ -24,6 +29,7 @@ and one f16 scale (max |w| / 127): 34 bytes per 32 weights. A matrix whose rows 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
@@ -31,14 +37,28 @@ import numpy as np
 import torch
 from sentencepiece import sentencepiece_model_pb2
 
-from interop.hf_llama import (LLAMA_TOKENIZER, InteropError, check_llama, hf_state_dict, read_tokenizer_proto,
+from interop.hf_llama import (LLAMA_TOKENIZER, InteropError, check_exportable, hf_state_dict, read_tokenizer_proto,
                                settings_unlike)
 from model.config import ModelConfig
 from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
 from storage.files import atomic_file
 
-ARCH = gguf.MODEL_ARCH.LLAMA
+
+@dataclass(frozen=True)
+class LlamaCppArch:
+    """One of llama.cpp's architectures, and how its graph rotates q and k."""
+    arch: gguf.MODEL_ARCH
+    adjacent_rope: bool  # its graph rotates the dims (2i, 2i + 1) of a head, where ours rotates (i, i + D/2)
+
+    @property
+    def name(self) -> str:  # general.architecture, and the prefix of the model's keys
+        return gguf.MODEL_ARCH_NAMES[self.arch]
+
+
+# model.qk_norm -> llama.cpp's architecture: its llama graph has no q/k norms, its qwen3 graph is llama's with them
+LLAMA_CPP_ARCHS = {"none": LlamaCppArch(gguf.MODEL_ARCH.LLAMA, adjacent_rope=True),
+                   "rmsnorm": LlamaCppArch(gguf.MODEL_ARCH.QWEN3, adjacent_rope=False)}
 Q = gguf.GGMLQuantizationType
 # --dtype -> the matrices' type, and the file type recorded in general.file_type
 DTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
@@ -50,11 +70,13 @@ def adjacent_rope_pairs(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, 2, -1, w.shape[1]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_tensors(model: Transformer, dtype: str) -> tuple[list[tuple[str, np.ndarray, Q]], list[str]]:
+def gguf_tensors(model: Transformer, target: LlamaCppArch,
+                 dtype: str) -> tuple[list[tuple[str, np.ndarray, Q]], list[str]]:
     """(llama.cpp name, the data as stored, its type) per tensor, and a note for each matrix kept wider than dtype."""
     cfg = model.cfg
-    names = gguf.get_tensor_name_map(ARCH, cfg.n_layers)
-    rope_heads = {gguf.MODEL_TENSOR.ATTN_Q: cfg.n_heads, gguf.MODEL_TENSOR.ATTN_K: cfg.n_kv_heads}
+    names = gguf.get_tensor_name_map(target.arch, cfg.n_layers)
+    rope_heads = ({gguf.MODEL_TENSOR.ATTN_Q: cfg.n_heads, gguf.MODEL_TENSOR.ATTN_K: cfg.n_kv_heads}
+                  if target.adjacent_rope else {})
     tensors, notes = [], []
     for hf_name, w in hf_state_dict(model).items():
         kind, name = names.get_type_and_name(hf_name, try_suffixes=(".weight",))
@@ -88,15 +110,15 @@ def add_tokenizer(writer: gguf.GGUFWriter, proto: sentencepiece_model_pb2.ModelP
     writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
 
 
-def check_rope_scaling(cfg: ModelConfig) -> None:
+def check_rope_scaling(cfg: ModelConfig, target: LlamaCppArch) -> None:
     if cfg.rope_scaling == "dynamic":
-        raise InteropError("model.rope_scaling=dynamic has no GGUF counterpart: llama.rope.scaling.type is none, "
-                           "linear, yarn or longrope, each with fixed frequencies")
+        raise InteropError(f"model.rope_scaling=dynamic has no GGUF counterpart: {target.name}.rope.scaling.type is "
+                           f"none, linear, yarn or longrope, each with fixed frequencies")
 
 
 def add_rope(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
-    """RoPE's base and scaling as llama.cpp reads them: ntk is a larger llama.rope.freq_base, linear and yarn are
-    llama.rope.scaling.* (yarn with its original context and betas; llama.cpp derives the attention factor
+    """RoPE's base and scaling as llama.cpp reads them: ntk is a larger <arch>.rope.freq_base, linear and yarn are
+    <arch>.rope.scaling.* (yarn with its original context and betas; llama.cpp derives the attention factor
     0.1 ln s + 1 itself); finetuned says whether the weights were trained under the scaling."""
     ntk = cfg.rope_scaling == "ntk"
     writer.add_rope_freq_base(ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim) if ntk else cfg.rope_base)
@@ -112,16 +134,18 @@ def add_rope(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 
 
 def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str = "f32") -> list[str]:
-    """Writes the GGUF file atomically; refuses a non-LLaMA model. Returns notes for the user."""
+    """Writes the GGUF file atomically; refuses a model that is neither a LLaMA nor a Qwen3. Returns notes for
+    the user."""
     cfg = model.cfg
-    check_llama(cfg, "llama.cpp")
-    check_rope_scaling(cfg)
-    tensors, notes = gguf_tensors(model, dtype)
+    check_exportable(cfg, "llama.cpp")
+    target = LLAMA_CPP_ARCHS[cfg.qk_norm]
+    check_rope_scaling(cfg, target)
+    tensors, notes = gguf_tensors(model, target, dtype)
     proto = read_tokenizer_proto(tokenizer_file)
     if unlike := settings_unlike(proto, LLAMA_TOKENIZER):
         notes.append(f"tokenizer.model has {', '.join(unlike)}: llama.cpp's tokenizer may split text differently")
     with atomic_file(path) as tmp:
-        writer = gguf.GGUFWriter(tmp, gguf.MODEL_ARCH_NAMES[ARCH])
+        writer = gguf.GGUFWriter(tmp, target.name)  # the prefix of the model keys below: llama.*, qwen3.*
         try:
             writer.add_name("nanollama")
             writer.add_file_type(DTYPES[dtype][1])

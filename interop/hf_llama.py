@@ -1,11 +1,18 @@
-"""The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM: config, weights, tokenizer.
+"""The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM (Qwen3ForCausalLM with QK-norm):
+config, weights, tokenizer.
+
+model.qk_norm picks the architecture: none is LLaMA; rmsnorm is Qwen3, which is LLaMA plus an RMSNorm over each q and
+k head after the projections and before RoPE, with one gain of D dims per layer shared by the heads and eps
+rms_norm_eps, as model/qk_norm.py's. Every other switch must be LLaMA's in both (LLAMA_SWITCHES).
 
 Weights (i = layer, d = d_model, H / H_kv = query / K/V heads of D dims, F = d_ff, V = vocab):
 
-    this repo                                  transformers (LlamaForCausalLM)
+    this repo                                  transformers (LlamaForCausalLM, Qwen3ForCausalLM)
     tok_emb.weight            [V, d]           model.embed_tokens.weight
     blocks.i.attn_norm.weight [d]              model.layers.i.input_layernorm.weight
     blocks.i.attn.qkv.weight  [(H+2H_kv)D, d]  rows [Wq; Wk; Wv] = self_attn.{q,k,v}_proj.weight
+    blocks.i.attn.qk_norm.q_norm.weight [D]    model.layers.i.self_attn.q_norm.weight (Qwen3 only)
+    blocks.i.attn.qk_norm.k_norm.weight [D]    model.layers.i.self_attn.k_norm.weight (Qwen3 only)
     blocks.i.attn.out.weight  [d, H D]         model.layers.i.self_attn.o_proj.weight
     blocks.i.ffn_norm.weight  [d]              model.layers.i.post_attention_layernorm.weight
     blocks.i.ffn.w_in.weight  [2F, d]          rows [W1; W3] = mlp.gate_proj.weight, mlp.up_proj.weight
@@ -14,13 +21,15 @@ Weights (i = layer, d = d_model, H / H_kv = query / K/V heads of D dims, F = d_f
     lm_head.weight            [V, d]           lm_head.weight (absent when tie_word_embeddings)
 
 Both rotate q and k in the half-split layout (rotate_half), so no row permutation is needed.
-Only the LLaMA choices have a transformers equivalent: RMSNorm, Pre-Norm, RoPE, SwiGLU, no biases.
+Only the LLaMA choices have a transformers equivalent: RMSNorm, Pre-Norm, RoPE, SwiGLU, no biases (ReLU, GELU and
+ReLU² are ungated; LLaMA's and Qwen3's MLPs are gated).
 Nothing here imports transformers: export and import read and write its files as plain JSON
 and safetensors, so neither needs it installed.
 """
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,18 +42,37 @@ from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, check_vocab
 
-# The value each switch must have for the model to be a LLaMA.
+# The value each switch must have for the model to be a LLaMA; model.qk_norm picks LLaMA or Qwen3 (ARCHITECTURES).
 LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False,
                   "embedding_scale": "gpt2"}
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A transformers architecture, and the switches that make this repo's model one."""
+    name: str  # for messages
+    model_type: str  # config.json's model_type
+    class_name: str  # config.json's architectures
+    switches: dict  # every switch this repo's model must have to be it
+    fixed: dict  # config.json keys with the one value this repo's model has: written on export, checked on import
+    default_head_dim: int | None  # transformers' head dim when config.json has none (None: hidden / heads)
+
+
+LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
+                     {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}, None)
+# Qwen3Config's head_dim defaults to 128 whatever the width; its MLP has no bias switch; sliding windows are off
+QWEN3 = Architecture("Qwen3", "qwen3", "Qwen3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "rmsnorm"},
+                     {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False}, 128)
+ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}  # model.qk_norm -> its architecture
 
 
 class InteropError(UsageError):
     """A model, config or tokenizer that has no faithful counterpart on the other side; one line."""
 
 
-def non_llama_switches(cfg: ModelConfig) -> list[str]:
-    """The switches set to a non-LLaMA option, as 'model.key=value'."""
-    return [f"model.{key}={getattr(cfg, key)}" for key, llama in LLAMA_SWITCHES.items() if getattr(cfg, key) != llama]
+def switches_unlike(cfg: ModelConfig, arch: Architecture) -> list[str]:
+    """The switches set to another option than the architecture's, as 'model.key=value'."""
+    return [f"model.{key}={getattr(cfg, key)}" for key, value in arch.switches.items() if getattr(cfg, key) != value]
 
 
 def _weight_names(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
@@ -58,6 +86,9 @@ def _weight_names(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
         names[ours + "attn.qkv.weight"] = [(theirs + "self_attn.q_proj.weight", cfg.n_heads * D),
                                            (theirs + "self_attn.k_proj.weight", cfg.n_kv_heads * D),
                                            (theirs + "self_attn.v_proj.weight", cfg.n_kv_heads * D)]
+        if cfg.qk_norm == "rmsnorm":
+            names[ours + "attn.qk_norm.q_norm.weight"] = [(theirs + "self_attn.q_norm.weight", D)]
+            names[ours + "attn.qk_norm.k_norm.weight"] = [(theirs + "self_attn.k_norm.weight", D)]
         names[ours + "attn.out.weight"] = [(theirs + "self_attn.o_proj.weight", cfg.d_model)]
         names[ours + "ffn_norm.weight"] = [(theirs + "post_attention_layernorm.weight", cfg.d_model)]
         names[ours + "ffn.w_in.weight"] = [(theirs + "mlp.gate_proj.weight", F), (theirs + "mlp.up_proj.weight", F)]
@@ -69,12 +100,15 @@ def _weight_names(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
 
 # ---------------------------------------------------------------- export: this repo -> transformers
 
-def check_llama(cfg: ModelConfig, target: str) -> None:
-    """Refuses a model that is not a LLaMA, naming every offending switch; target: whose LLaMA, for the message."""
-    refused = non_llama_switches(cfg)
+def check_exportable(cfg: ModelConfig, target: str) -> Architecture:
+    """The model's architecture (LLaMA, or Qwen3 with QK-norm); refuses a model with any other switch, naming every
+    offending one; target: whose architecture, for the message."""
+    arch = ARCHITECTURES[cfg.qk_norm]
+    refused = switches_unlike(cfg, arch)
     if refused:
-        raise InteropError(f"no {target} LLaMA equivalent for {', '.join(refused)} "
-                           f"(LLaMA is {', '.join(f'model.{k}={v}' for k, v in LLAMA_SWITCHES.items())})")
+        raise InteropError(f"no {target} {arch.name} equivalent for {', '.join(refused)} "
+                           f"({arch.name} is {', '.join(f'model.{k}={v}' for k, v in arch.switches.items())})")
+    return arch
 
 
 def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
@@ -96,14 +130,15 @@ def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
 
 
 def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """transformers' config.json for a LLaMA-configured model; refuses any other with every offending switch."""
-    check_llama(cfg, "transformers")
+    """transformers' config.json for a LLaMA- or Qwen3-configured model; refuses any other with every offending
+    switch."""
+    arch = check_exportable(cfg, "transformers")
     rope, max_positions = hf_rope(cfg)
     scaled = ({"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}
               if rope["rope_type"] != "default" else {})
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": [arch.class_name],
+        "model_type": arch.model_type,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
@@ -120,9 +155,7 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
         **scaled,
         "torch_dtype": "float32",
         "dtype": "float32",
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
+        **arch.fixed,
         "tie_word_embeddings": cfg.tie_embeddings,
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
@@ -142,12 +175,20 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- import: transformers -> this repo
 
 def model_config_from_hf(hf: dict) -> ModelConfig:
-    """ModelConfig for a transformers LLaMA config.json; refuses features this repo does not have."""
-    if hf.get("model_type") != "llama":
-        raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type='llama' is")
-    for key, supported in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+    """ModelConfig for a transformers LLaMA or Qwen3 config.json; refuses features this repo does not have."""
+    by_type = {arch.model_type: arch for arch in ARCHITECTURES.values()}
+    arch = by_type.get(hf.get("model_type"))
+    if arch is None:
+        raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type="
+                           f"{' or '.join(repr(t) for t in by_type)} is")
+    for key, supported in arch.fixed.items():
         if hf.get(key, supported) != supported:
-            raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's LLaMA has {key}={supported!r}")
+            raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
+    # transformers 5 lists each layer's attention; this repo's attends to the whole context at every layer
+    for layer, kind in enumerate(hf.get("layer_types") or ()):
+        if kind != "full_attention":
+            raise InteropError(f"layer_types[{layer}]={kind!r} is not supported; this repo's attention is "
+                               f"full_attention at every layer")
     try:
         d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         ffn_width = hf["intermediate_size"]
@@ -157,7 +198,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
     values |= rope_settings(hf, values["context_length"])
-    head_dim = hf.get("head_dim") or d // n_heads
+    head_dim = hf.get("head_dim") or arch.default_head_dim or d // n_heads
     if head_dim * n_heads != d:
         raise InteropError(f"head_dim={head_dim} is not supported; this repo's head dim is "
                            f"hidden_size / num_attention_heads = {d} / {n_heads}")
@@ -168,7 +209,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
                            f"the narrowest SwiGLU this repo builds")
     return ModelConfig(**values, ffn_multiple_of=ffn_width,
                        norm_eps=hf.get("rms_norm_eps", 1e-6),
-                       tie_embeddings=hf.get("tie_word_embeddings", False), **LLAMA_SWITCHES)
+                       tie_embeddings=hf.get("tie_word_embeddings", False), **arch.switches)
 
 
 def rope_settings(hf: dict, max_positions: int) -> dict:
@@ -239,7 +280,7 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) ->
 
 
 def load_transformers_dir(hf_dir: Path, config: dict, device: str | torch.device = "cpu") -> Transformer:
-    """The model (in eval mode) of a transformers LLaMA directory whose config.json is `config`:
+    """The model (in eval mode) of a transformers LLaMA or Qwen3 directory whose config.json is `config`:
     model.safetensors or its shards, and tokenizer.model, checked against the vocab size."""
     if not (hf_dir / "tokenizer.model").is_file():
         raise CheckpointError(f"transformers directory {hf_dir} has no tokenizer.model (the SentencePiece model)")

@@ -1,9 +1,10 @@
 """nanollama's model: the architecture, one file per concept.
 
 config.py (the switches and sizes), norms.py (RMSNorm / LayerNorm), positions.py (RoPE / sinusoidal /
-learned), attention.py (MHA / GQA / MQA), ffn.py (SwiGLU / ReLU / GELU), block.py (Pre- / Post-Norm),
-transformer.py (the whole LM), kv_cache.py (the preallocated cache). Generation, checkpoints and
-transformers interop use it from outside: generation/, storage/, interop/.
+learned), rope_scaling.py (RoPE past the trained context), attention.py (MHA / GQA / MQA), qk_norm.py (QK-norm),
+ffn.py (SwiGLU / ReLU / GELU / ReLU²), block.py (Pre- / Post-Norm), transformer.py (the whole LM), kv_cache.py
+(the preallocated cache). Generation, checkpoints and transformers interop use it from outside: generation/,
+storage/, interop/.
 """
 from model.config import ModelConfig
 from model.kv_cache import KVCache

@@ -8,8 +8,9 @@ MQA: H_kv = 1.  Fewer K/V heads mean fewer K/V parameters and a KV cache H / H_k
 The K/V heads are shared through scaled_dot_product_attention(enable_gqa=True), which
 broadcasts them instead of materialising H copies.
 
-With RoPE, q and k are rotated by their absolute positions before the dot product. With a
-KV cache, the new tokens start at absolute position `start` and attend to every cached one.
+With QK-norm (model/qk_norm.py), each q and k head is RMS-normalised first. With RoPE, q and k are then
+rotated by their absolute positions before the dot product. With a KV cache, the new tokens start at absolute
+position `start` and attend to every cached one.
 
 sdpa never materialises the attention weights; attention_scores and attention_weights below compute
 them from Attention.heads' q and k for what looks inside the model (training/diagnostics.py, insight/).
@@ -22,11 +23,12 @@ from torch import nn
 
 from model.kv_cache import KVCache
 from model.positions import Rotary
+from model.qk_norm import QKNorm
 
 
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                 rotary: Rotary | None, layer: int):
+                 rotary: Rotary | None, qk_norm: QKNorm | None, layer: int):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
@@ -34,16 +36,19 @@ class Attention(nn.Module):
         # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv].
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
         self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.qk_norm = qk_norm
         self.rotary = rotary
         self.dropout = dropout
 
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k rotated when the model uses RoPE."""
+        """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm, then rotated with RoPE."""
         B, T, _ = x.shape
         H, H_kv = self.n_heads, self.n_kv_heads
         # [B, T, (H + 2 H_kv) D] -> [B, H + 2 H_kv, T, D]: the q, k and v heads side by side
         heads = self.qkv(x).view(B, T, H + 2 * H_kv, self.head_dim).transpose(1, 2)
         qk, v = heads.split([H + H_kv, H_kv], dim=1)
+        if self.qk_norm is not None:
+            qk = torch.cat(self.qk_norm(*qk.split([H, H_kv], dim=1)), dim=1)
         if self.rotary is not None:
             qk = self.rotary(qk, start)  # q and k heads in one call: the same rotation per position
         q, k = qk.split([H, H_kv], dim=1)

@@ -17,6 +17,7 @@ from model.ffn import FeedForward
 from model.kv_cache import KVCache
 from model.norms import make_norm
 from model.positions import Rotary
+from model.qk_norm import QKNorm
 
 
 class Block(nn.Module):
@@ -24,7 +25,8 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, layer)
+        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.bias)
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch

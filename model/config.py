@@ -12,13 +12,15 @@ from dataclasses import asdict, dataclass, fields
 
 from errors import ConfigError
 from model.ffn import hidden_width
+from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
 ATTENTIONS = ("gqa", "mha", "mqa")  # the attention group's options (configs/attention/)
-FFNS = ("swiglu", "relu", "gelu")
+FFNS = ("swiglu", "relu", "gelu", "relu2")
+QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
 
 
@@ -53,6 +55,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     norm_position: str = "pre"
     position: str = "rope"
+    qk_norm: str = "none"  # rmsnorm: each q and k head RMS-normalised before RoPE (model/qk_norm.py)
     ffn: str = "swiglu"
     ffn_multiple_of: int = 32  # SwiGLU's d_ff (model/ffn.py) is rounded up to this multiple
     rope_base: float = 10000.0
@@ -92,7 +95,7 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
         for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
-                             ("ffn", FFNS), ("embedding_scale", EMBEDDING_SCALES)):
+                             ("ffn", FFNS), ("qk_norm", QK_NORMS), ("embedding_scale", EMBEDDING_SCALES)):
             if getattr(self, key) not in options:
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be one of {', '.join(options)}")
         if self.d_model % self.n_heads:
@@ -102,6 +105,10 @@ class ModelConfig:
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
+        if self.qk_norm != "none" and self.head_dim < MIN_HEAD_DIM:
+            raise ConfigError(f"model.qk_norm={self.qk_norm} normalises each head, but model.d_model={self.d_model} / "
+                              f"model.n_heads={self.n_heads} = {self.head_dim} dim per head, which it would reduce to "
+                              f"its sign; use heads of at least {MIN_HEAD_DIM} dims")
         if self.context_length < 2:
             raise ConfigError(f"model.context_length={self.context_length} must be >= 2: a window of one token "
                               f"has no next token to predict inside it")

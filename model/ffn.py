@@ -3,6 +3,7 @@
 SwiGLU (LLaMA):  FFN(x) = (SiLU(x W1) * (x W3)) W2      W1, W3: [d, d_ff], W2: [d_ff, d], d_ff ~ 8/3 d
 ReLU (2017):     FFN(x) = ReLU(x W1) W2                  W1: [d, d_ff], W2: [d_ff, d],      d_ff = 4 d
 GELU (GPT-2):    FFN(x) = GELU(x W1) W2
+ReLU² (Primer):  FFN(x) = ReLU(x W1)^2 W2               W1: [d, d_ff], W2: [d_ff, d],      d_ff = 4 d
 
 The gated form has three matrices, so 8/3 d keeps the parameter count of the 4 d ungated one:
 3 * d * 8/3 d = 2 * d * 4 d = 8 d^2 (hidden_width rounds it up to a multiple of model.ffn_multiple_of).
@@ -14,7 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
-ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu}
+def relu_squared(x: torch.Tensor) -> torch.Tensor:
+    """So et al. 2021: ReLU's zeros, and a square that grows the large activations faster than the small."""
+    return F.relu(x).square()
+
+
+ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu, "relu2": relu_squared}
 
 
 def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:

@@ -1,7 +1,8 @@
 """The ablation sweep composes, point by point, without training: every (variant, seed) that
 hydra.sweeper.params lists in configs/experiment/ablation.yaml builds a model and differs from the
 baseline in exactly the switches it is named for and in its own learning rate, which is the one the
-learning-rate study chose (docs/ablation_lr.json, written by compare.py from `python sweep.py`)."""
+learning-rate study chose (docs/ablation_lr.json, written by compare.py from `python sweep.py`; the lines added
+after LLaMA in docs/ablation_modern.json, their study's own, beside its rerun of the baseline)."""
 import copy
 import functools
 import itertools
@@ -18,7 +19,7 @@ from model import ModelConfig, Transformer
 from settings import CONFIG_DIR, compose_config
 from training.multirun import carry_swept_keys
 
-COMPONENTS = ("norm", "norm_position", "position", "attention", "ffn")
+MODERN = {"qk_norm": "rmsnorm", "ffn": "relu2"}  # the winners of the study's new lines (docs/ablation.md)
 # Each variant's definition: the model.* settings it changes from the baseline.
 SWITCHES = {
     "baseline": {},
@@ -32,7 +33,13 @@ SWITCHES = {
     "learned": {"position": "learned"},
     "nope": {"position": "none"},
     "sinusoidal2017": {"position": "sinusoidal", "embedding_scale": "transformer2017"},
+    "mqa": {"attention": "mqa", "n_kv_heads": 1},
+    "qknorm": {"qk_norm": "rmsnorm"},
+    "relu2": {"ffn": "relu2"},
+    "muon": {},  # the optimizer's: TRAIN_SWITCHES
+    "modern": MODERN,
 }
+TRAIN_SWITCHES = {"muon": {"optimizer": "muon"}, "modern": {"optimizer": "muon"}}  # train.* a variant changes
 PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
 
 
@@ -79,6 +86,8 @@ def without_name(config: dict) -> dict:
 
 ABLATION = sweep_points("ablation")
 STUDY = json.loads((CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["variants"]
+AFTER_LLAMA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_modern.json").read_text())["variants"]
+STUDY |= {name: line for name, line in AFTER_LLAMA.items() if name not in STUDY}  # the recorded baseline stays
 
 
 def test_the_ablation_sweeps_every_variant_over_three_seeds():
@@ -99,7 +108,10 @@ def test_each_sweep_point_differs_from_the_baseline_in_its_switch_only(point):
     assert changed == SWITCHES[variant]
     expected = without_name(baseline)
     expected["model"] |= SWITCHES[variant]
-    expected["train"] |= {"seed": seed, "lr": config["train"]["lr"], "min_lr": config["train"]["lr"] / 10}
+    expected["train"] |= {"seed": seed, "lr": config["train"]["lr"], "min_lr": config["train"]["lr"] / 10,
+                          **TRAIN_SWITCHES.get(variant, {})}
+    if expected["train"]["optimizer"] == "muon":  # Muon's lr follows train.lr (configs/optim/muon.yaml)
+        expected["train"]["muon_lr"] = config["train"]["lr"]
     assert without_name(config) == expected  # same data, budget, schedule, width, wandb group
 
     assert config["variant"] == variant
@@ -155,7 +167,7 @@ def test_the_baseline_is_the_model_the_study_ran():
     config, _ = compose_run("+experiment=ablation", "ablation=baseline", "train.seed=0")
     assert config["model"] == {
         "name": "llama_ablation", "attention": "gqa", "d_model": 128, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2,
-        "context_length": 128, "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu",
+        "context_length": 128, "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "qk_norm": "none", "ffn": "swiglu",
         "ffn_multiple_of": 32, "rope_base": 10000.0, "rope_scaling": "none", "rope_factor": 1.0,
         "rope_original_context": None, "norm_eps": 1e-5, "dropout": 0.0, "bias": False,
         "tie_embeddings": True, "embedding_scale": "gpt2"}

@@ -110,6 +110,8 @@ def test_the_budget_reserves_the_end_and_names_the_last_step():
     assert budget.reserve == pytest.approx(3.75) and budget.for_steps == pytest.approx(96.25)
     assert not budget.is_last_step(94.0) and budget.is_last_step(94.5) and not budget.spent(94.5)
     assert budget.spent(95.5)
+    budget.record("eval", 30.0)  # a slow eval (a busy machine): the reserve stops at a quarter of the budget
+    assert budget.reserve == 25.0 and budget.for_steps == 75.0
     horizon = Horizon(None, None, budget)
     # the schedule's fraction is of the whole budget, not of for_steps, whose estimate moves as costs are measured
     assert horizon.position(50, 50.0, 1.0) == pytest.approx((0.5, 0.01))
@@ -196,6 +198,26 @@ def test_a_budgeted_run_ends_inside_its_budget_at_the_floor(budgeted):
     assert all(0 < m["budget_fraction"] <= result["budget_fraction"] for m in lines)
     warm = [m["lr"] for m in lines if m["budget_fraction"] < 0.1]
     assert warm == sorted(warm) and max(m["lr"] for m in lines) <= 5e-3
+
+
+def test_an_end_dearer_than_a_quarter_of_the_budget_runs_past_it_and_says_so(workdir, tiny, monkeypatch, capsys):
+    """An eval of 1 s in a 3 s budget (a busy machine's): the steps keep three quarters of the budget (2.25 s, less
+    the evals that come every 10 steps) and the end's eval runs past it, in summary.json and on a notice line."""
+    run_dir = workdir / "over"
+    capsys.readouterr()
+    train_on_clock(run_dir, [*tiny, *FEW_LINES, f"train.time_budget={BUDGET_S}", "train.max_steps=null",
+                             "train.eval_interval=10"], FakeClock(0.01, eval_s=1.0), monkeypatch)
+    result = summary(run_dir)
+    assert result["ended_by"] == "time_budget" and result["end_costs_s"]["eval"] == pytest.approx(1.0)
+    # 0.02 s a step (two micro-batches of 0.01 s): step 10 ends at 0.2 s and its eval at 1.2 s, step 20 at 1.4 s and
+    # its eval at 2.4 s, past the 2.25 s the steps may take, so step 21 is the last; its eval ends at 3.42 s
+    assert [(m["step"], m["elapsed_s"]) for m in metrics(run_dir)] == [
+        (10, pytest.approx(0.2)), (20, pytest.approx(1.4)), (21, pytest.approx(2.42))]
+    assert result["steps"] == 21 and result["elapsed_s"] == pytest.approx(3.42)
+    assert result["over_budget_s"] == pytest.approx(0.42) and result["budget_fraction"] == pytest.approx(3.42 / 3)
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "notice: the run's end (eval 1.0 s, sample 0.0 s, ckpt 0.0 s) went 0.4 s past train.time_budget=3 s: the "
+        "end's reserve is at most 25% of the budget (training/budget.py)")
 
 
 def test_a_resumed_budgeted_run_ends_when_the_whole_budget_is_spent(resumed):

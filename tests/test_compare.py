@@ -200,10 +200,29 @@ def test_lr_sensitivity_best_lr_and_largest_trained_lr_against_a_hand_computatio
     assert float(rows["postnorm"]["Δ bpb vs baseline"]) == pytest.approx(1.90 - 1.82, abs=1e-4) and rows["postnorm"]["beyond seed noise?"] == "n/a"
     # trains: below the unigram level 2.6 - 0.1 = 2.5; baseline's 4e-3 diverged, postnorm's 4e-3 is 1.95
     assert rows["baseline"]["largest lr that trains"] == "0.002" and rows["postnorm"]["largest lr that trains"] == "0.004"
+    # of the grid's 3: postnorm's 2.50 is below init (capped there) but not below 2.5, so it does not train
+    assert (rows["baseline"]["grid that trains"], rows["postnorm"]["grid that trains"]) == ("2/3", "2/3")
     assert "| baseline | 2.0000 | 1.8000 | diverged |" in out
     numbers = json.loads((tmp_path / "lr.json").read_text())
     assert numbers["init_bpb"] == pytest.approx(init) and numbers["variants"]["baseline"]["diverged"] == [4e-3]
     assert imread(tmp_path / "lr.png").shape[1] > 600
+
+
+def test_a_muon_lr_that_follows_train_lr_keeps_the_sweep_one_line(tmp_path, capsys):
+    """optim=muon's train.muon_lr is train.lr unless set, so a sweep of train.lr moves both: those runs are one
+    variant's line, not one variant per learning rate."""
+    for lr, bpb in {1e-3: 2.0, 2e-3: 1.7, 4e-3: 1.8}.items():
+        run_dir = tmp_path / f"lr{lr}"
+        write_lr_run(run_dir, "muon", lr, bpb)
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        config["train"] |= {"optimizer": "muon", "muon_lr": lr}
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    compare.main([str(tmp_path), "--json", str(tmp_path / "lr.json")])
+    lines = json.loads((tmp_path / "lr.json").read_text())["variants"]
+    assert {name: line["final_bpb_seed0"] for name, line in lines.items()} == {
+        "muon": {"0.001": 2.0, "0.002": 1.7, "0.004": 1.8}}
+    assert lines["muon"]["best_lr"] == 2e-3
+    capsys.readouterr()
 
 
 def test_lr_outputs_without_a_learning_rate_sweep_are_a_one_line_error(sweep, tmp_path, capsys):

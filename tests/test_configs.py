@@ -40,6 +40,20 @@ def test_default_is_llama_tiny():
     assert compose_model() == compose_model("model=llama_tiny")
 
 
+def test_modern_tiny_is_llama_tiny_with_what_came_after_at_its_own_learning_rate():
+    """QK-norm, ReLU² and Muon on llama_tiny's sizes, at twice llama_tiny's peak lr (the study's ratio): a preset's
+    train.* wins over the root config's, and a command line or an experiment still wins over the preset."""
+    llama, modern = (compose_config([f"model={preset}"]) for preset in ("llama_tiny", "modern_tiny"))
+    differing = {key for key in llama.model if llama.model[key] != modern.model[key]}
+    assert differing == {"name", "qk_norm", "ffn"} and (modern.model.qk_norm, modern.model.ffn) == ("rmsnorm", "relu2")
+    assert (llama.train.optimizer, modern.train.optimizer) == ("adamw", "muon")
+    assert (modern.train.lr, modern.train.min_lr, modern.train.muon_lr) == (2 * llama.train.lr, 2 * llama.train.min_lr,
+                                                                           2 * llama.train.lr)
+    assert compose_config(["model=modern_tiny", "train.lr=1e-3"]).train.muon_lr == 1e-3
+    assert compose_config(["model=modern_tiny", "+experiment=quick"]).train.lr == compose_config(
+        ["+experiment=quick"]).train.lr
+
+
 @pytest.mark.parametrize("preset, override, expected", [
     ("llama_tiny", "norm=layernorm", MODERN | {"norm": "layernorm"}),
     ("transformer2017_tiny", "position=rope", CLASSIC | {"position": "rope"}),

@@ -16,22 +16,23 @@ import generate
 from generation.engine import Engine, SamplingError, compiled_decoder, top_k_filter, top_p_filter
 from generation.kv_memory import kv_projections
 from model import ModelConfig, Transformer
-from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
+from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
 from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import save_checkpoint
 from weights import far_from_init
 
 REPO = Path(__file__).resolve().parents[1]
 KV_HEADS = (4, 2, 1)  # of n_heads = 4: one K/V head per query head, two groups, one shared head
-COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS))
+COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS, QK_NORMS))
 
 
 def random_model(seed=0, norm="rmsnorm", norm_position="pre", position="rope", n_kv_heads=2, ffn="swiglu",
-                 vocab_size=64, context_length=32) -> Transformer:
+                 qk_norm="none", vocab_size=64, context_length=32) -> Transformer:
     """A tiny model of these switches, its weights far from init (greedy picks decided by clear margins)."""
     return far_from_init(Transformer(ModelConfig(
         vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
-        context_length=context_length, norm=norm, norm_position=norm_position, position=position, ffn=ffn)), seed)
+        context_length=context_length, norm=norm, norm_position=norm_position, position=position, ffn=ffn,
+        qk_norm=qk_norm)), seed)
 
 
 class RecordingEngine(Engine):
@@ -53,10 +54,10 @@ def greedy(model, prompts, max_new_tokens, use_cache, **kwargs):
     return torch.stack(list(steps), dim=1).tolist(), engine
 
 
-@pytest.mark.parametrize("norm,norm_position,position,n_kv_heads,ffn", COMBINATIONS)
-def test_cache_equals_recomputation(norm, norm_position, position, n_kv_heads, ffn):
-    model = random_model(COMBINATIONS.index((norm, norm_position, position, n_kv_heads, ffn)),
-                         norm, norm_position, position, n_kv_heads, ffn).double()
+@pytest.mark.parametrize("norm,norm_position,position,n_kv_heads,ffn,qk_norm", COMBINATIONS)
+def test_cache_equals_recomputation(norm, norm_position, position, n_kv_heads, ffn, qk_norm):
+    model = random_model(COMBINATIONS.index((norm, norm_position, position, n_kv_heads, ffn, qk_norm)),
+                         norm, norm_position, position, n_kv_heads, ffn, qk_norm).double()
     prompts = [[1, 5, 9, 13, 17], [2, 40, 3, 63, 7]]
     cached, with_cache = greedy(model, prompts, 6, use_cache=True)
     recomputed, without_cache = greedy(model, prompts, 6, use_cache=False)

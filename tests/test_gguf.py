@@ -1,6 +1,7 @@
 """GGUF export (export.py --format gguf), read back by independent readers: the gguf package's reader (metadata,
 tensors, tokenizer), transformers (logits) and llama.cpp itself through llama-cpp-python (logits, greedy text,
-tokenization) where that is installed; and the refusals, with nothing written."""
+tokenization) where that is installed; llama.cpp's llama architecture, and its qwen3 one for QK-norm; and the
+refusals, with nothing written."""
 import errno
 import itertools
 from pathlib import Path
@@ -16,6 +17,8 @@ from transformers import AutoModelForCausalLM
 
 from data.tokenizer import TRAINER_SETTINGS
 from data_helpers import write_corpus
+from interop.gguf_llama import write_gguf
+from interop.hf_llama import InteropError
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
 from storage.checkpoint import save_checkpoint
@@ -34,18 +37,19 @@ needs_llama_cpp = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer_file):
-    """export(tie, dtype) -> (our model, the GGUF file): one checkpoint per tie setting, one export per dtype."""
+    """export(tie, dtype, qk_norm) -> (our model, the GGUF file): one checkpoint per tie and QK-norm setting, one
+    export per dtype. Far from init: the q/k norm gains too, so a mapping that drops or swaps them fails."""
     root, made = tmp_path_factory.mktemp("gguf"), {}
 
-    def export(tie: bool, dtype: str = "f32") -> tuple[Transformer, Path]:
-        d = root / f"tie_{tie}"
-        if tie not in made:
-            made[tie] = far_from_init(Transformer(llama_cfg(tie_embeddings=tie)))
-            save_checkpoint(d / "ckpt", made[tie], tokenizer_file)
+    def export(tie: bool, dtype: str = "f32", qk_norm: str = "none") -> tuple[Transformer, Path]:
+        d = root / f"tie_{tie}-qk_norm_{qk_norm}"
+        if (tie, qk_norm) not in made:
+            made[tie, qk_norm] = far_from_init(Transformer(llama_cfg(tie_embeddings=tie, qk_norm=qk_norm)))
+            save_checkpoint(d / "ckpt", made[tie, qk_norm], tokenizer_file)
         out = d / f"model-{dtype}.gguf"
         if not out.exists():
             assert run_export("--ckpt", d / "ckpt", "--format", "gguf", "--dtype", dtype, "--out", out) == 0
-        return made[tie], out
+        return made[tie, qk_norm], out
     return export
 
 
@@ -57,26 +61,50 @@ def tensors(path: Path) -> dict:
     return {t.name: t for t in GGUFReader(path).tensors}
 
 
-def test_metadata_and_tensor_names_round_trip_through_the_gguf_reader(exported):
-    _, path = exported(tie=False)
-    assert metadata(path, "general.") == {"general.architecture": "llama", "general.name": "nanollama",
+@pytest.mark.parametrize("qk_norm, arch", [("none", "llama"), ("rmsnorm", "qwen3")])
+def test_metadata_and_tensor_names_round_trip_through_the_gguf_reader(exported, qk_norm, arch):
+    model, path = exported(tie=False, qk_norm=qk_norm)
+    assert metadata(path, "general.") == {"general.architecture": arch, "general.name": "nanollama",
                                           "general.file_type": 0, "general.quantization_version": 2}
-    # float32 in the file: 500 is exact, 1e-4 is its nearest float32
-    assert metadata(path, "llama.") == {
-        "llama.vocab_size": VOCAB, "llama.context_length": 64, "llama.embedding_length": 32, "llama.block_count": 2,
-        "llama.feed_forward_length": 96, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
-        "llama.rope.dimension_count": 8, "llama.rope.freq_base": 500.0,
-        "llama.attention.layer_norm_rms_epsilon": float(np.float32(1e-4))}
+    # the same keys under the architecture's prefix; float32 in the file: 500 is exact, 1e-4 is its nearest float32
+    assert metadata(path, f"{arch}.") == {f"{arch}.{key}": value for key, value in {
+        "vocab_size": VOCAB, "context_length": 64, "embedding_length": 32, "block_count": 2,
+        "feed_forward_length": 96, "attention.head_count": 4, "attention.head_count_kv": 2,
+        "rope.dimension_count": 8, "rope.freq_base": 500.0,
+        "attention.layer_norm_rms_epsilon": float(np.float32(1e-4))}.items()}
     layer = {"attn_norm": [32], "attn_q": [32, 32], "attn_k": [16, 32], "attn_v": [16, 32], "attn_output": [32, 32],
              "ffn_norm": [32], "ffn_gate": [96, 32], "ffn_up": [96, 32], "ffn_down": [32, 96]}
+    if qk_norm == "rmsnorm":
+        layer |= {"attn_q_norm": [8], "attn_k_norm": [8]}  # one gain per head dim, shared by the heads
     expected = {"token_embd.weight": [VOCAB, 32], "output_norm.weight": [32], "output.weight": [VOCAB, 32]}
     expected |= {f"blk.{i}.{name}.weight": shape for i in range(2) for name, shape in layer.items()}
     found = tensors(path)
     # GGUF lists a tensor's dims innermost first: torch's [out, in] is [in, out] in the file
     assert {name: t.shape.tolist()[::-1] for name, t in found.items()} == expected
     assert {t.tensor_type for t in found.values()} == {Q.F32}
-    _, tied = exported(tie=True)
+    if qk_norm == "rmsnorm":
+        # llama.cpp's qwen3 graph rotates the pairs (i, i + D/2), as ours does: q and k rows stay in our order
+        attn = model.blocks[1].attn
+        q, k, _ = attn.qkv.weight.detach().split([32, 16, 16])
+        for name, ours in {"attn_q": q, "attn_k": k, "attn_q_norm": attn.qk_norm.q_norm.weight,
+                           "attn_k_norm": attn.qk_norm.k_norm.weight}.items():
+            assert np.array_equal(found[f"blk.1.{name}.weight"].data, ours.detach().numpy()), name
+    _, tied = exported(tie=True, qk_norm=qk_norm)
     assert set(tensors(tied)) == set(expected) - {"output.weight"}  # llama.cpp reuses token_embd
+
+
+def test_qwen3_rope_keys_are_llamas_under_its_prefix(tmp_path, tokenizer_file):
+    """A RoPE scaling reaches llama.cpp's qwen3 as it reaches its llama, and dynamic is refused for both."""
+    yarn = dict(rope_scaling="yarn", rope_factor=4.0, rope_original_context=16)
+    rope = {}
+    for qk_norm, arch in (("none", "llama"), ("rmsnorm", "qwen3")):
+        write_gguf(Transformer(llama_cfg(qk_norm=qk_norm, **yarn)), tokenizer_file, tmp_path / f"{arch}.gguf")
+        rope[arch] = {k.removeprefix(arch): v for k, v in metadata(tmp_path / f"{arch}.gguf", f"{arch}.rope").items()}
+        with pytest.raises(InteropError, match=f"{arch}.rope.scaling.type is none, linear, yarn or longrope"):
+            write_gguf(Transformer(llama_cfg(qk_norm=qk_norm, rope_scaling="dynamic", rope_factor=4.0)),
+                       tokenizer_file, tmp_path / "dynamic.gguf")
+    assert rope["qwen3"] == rope["llama"] and rope["qwen3"][".rope.scaling.type"] == "yarn"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama.gguf", "qwen3.gguf"]
 
 
 @pytest.mark.parametrize("dtype, qtype, file_type, bytes_per_weight", [
@@ -119,11 +147,16 @@ def test_q8_0_keeps_a_matrix_whose_rows_are_not_whole_blocks_f16_with_a_note(tmp
     assert "rows of 48 are not whole Q8_0 blocks of 32" in notes[0]
 
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_transformers_reads_the_file_with_equal_logits(exported, tie):
-    model, path = exported(tie=tie)
-    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
-    assert theirs.config.tie_word_embeddings == tie
+@pytest.mark.parametrize("tie, qk_norm, class_name", [(True, "none", "LlamaForCausalLM"),
+                                                      (False, "none", "LlamaForCausalLM"),
+                                                      (True, "rmsnorm", "Qwen3ForCausalLM")])
+def test_transformers_reads_the_file_with_equal_logits(exported, tie, qk_norm, class_name):
+    model, path = exported(tie=tie, qk_norm=qk_norm)
+    # transformers 5.24 reads no head dim from a qwen3 file (neither rope.dimension_count nor attention.key_length)
+    # and takes Qwen3Config's 128; llama.cpp derives embedding_length / head_count, 8 here, so it is passed as that
+    head_dim = {"head_dim": model.cfg.head_dim} if qk_norm == "rmsnorm" else {}
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **head_dim).eval()
+    assert type(theirs).__name__ == class_name and theirs.config.tie_word_embeddings == tie
     tokens = torch.randint(VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits, expected = model(tokens), theirs(tokens).logits
@@ -164,13 +197,14 @@ def test_the_embedded_tokenizer_round_trips(tmp_path, tokenizer_file, padded_pre
                      "tokenizer.ggml.add_eos_token": False, "tokenizer.ggml.add_space_prefix": kind != "ours"}
 
 
-@pytest.mark.parametrize("switches", [dict(norm_position="post"), dict(ffn="relu"),
-                                      dict(norm="layernorm", position="learned")])
-def test_non_llama_checkpoints_are_refused_naming_each_switch(tmp_path, tokenizer_file, capsys, switches):
+@pytest.mark.parametrize("switches", [dict(norm_position="post"), dict(ffn="relu"), dict(ffn="relu2"),
+                                      dict(norm="layernorm", position="learned"), dict(qk_norm="rmsnorm", ffn="relu2")])
+def test_checkpoints_with_no_counterpart_are_refused_naming_each_switch(tmp_path, tokenizer_file, capsys, switches):
     save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 2
-    named = ", ".join(f"model.{key}={value}" for key, value in switches.items())
-    assert f"error: no llama.cpp LLaMA equivalent for {named} (LLaMA is model.norm=rmsnorm" in one_error_line(capsys)
+    arch = "Qwen3" if switches.get("qk_norm") == "rmsnorm" else "LLaMA"  # model.qk_norm picks which it would be
+    named = ", ".join(f"model.{key}={value}" for key, value in switches.items() if key != "qk_norm")
+    assert f"error: no llama.cpp {arch} equivalent for {named} ({arch} is model.norm=rmsnorm" in one_error_line(capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written, no temporary left
 
 
@@ -212,9 +246,9 @@ def test_bad_flags_get_one_line_and_write_nothing(tmp_path, tokenizer_file, caps
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("tie", [True, False])
-def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie):
-    model, path = exported(tie=tie)
+@pytest.mark.parametrize("tie, qk_norm", [(True, "none"), (False, "none"), (True, "rmsnorm")])
+def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm):
+    model, path = exported(tie=tie, qk_norm=qk_norm)
     # a float32 KV cache: llama.cpp's default f16 one rounds every cached k and v to 11 bits
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)

@@ -1,6 +1,9 @@
-"""Interop with transformers: export.py writes a LlamaForCausalLM directory, interop/load.py reads one,
-with equal logits and greedy text both ways, and the refusals of what has no counterpart."""
+"""Interop with transformers: export.py writes a LlamaForCausalLM directory (Qwen3ForCausalLM with QK-norm),
+interop/load.py reads one, with equal logits and greedy text both ways, and the refusals of what has no
+counterpart."""
+import copy
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -10,7 +13,8 @@ import pytest
 import sentencepiece as spm
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, LlamaForCausalLM
+from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, LlamaForCausalLM,
+                          PreTrainedModel, Qwen3Config, Qwen3ForCausalLM)
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
@@ -21,30 +25,41 @@ from storage.checkpoint import CheckpointError, save_checkpoint
 from weights import far_from_init
 
 
-def hf_llama(tie: bool) -> LlamaForCausalLM:
-    return far_from_init(LlamaForCausalLM(LlamaConfig(
+# model.qk_norm -> the transformers architecture that a model with it exports to
+TRANSFORMERS_CLASSES = {"none": (LlamaConfig, LlamaForCausalLM), "rmsnorm": (Qwen3Config, Qwen3ForCausalLM)}
+
+
+def hf_model(tie: bool, qk_norm: str = "none") -> PreTrainedModel:
+    """A transformers LLaMA (or Qwen3) of llama_cfg's sizes, far from init: its q/k norm gains too."""
+    config_class, model_class = TRANSFORMERS_CLASSES[qk_norm]
+    return far_from_init(model_class(config_class(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-4,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=tie,
         bos_token_id=1, eos_token_id=2)))
 
 
-def transformers_greedy_ids(hf: LlamaForCausalLM, prompt: list[int]) -> list[int]:
+def transformers_greedy_ids(hf: PreTrainedModel, prompt: list[int]) -> list[int]:
     ids = torch.tensor([prompt])
     out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False)
     return out[0, len(prompt):].tolist()
 
 
-def assert_same_model(ours: Transformer, ckpt: Path, theirs: LlamaForCausalLM, tok: Tokenizer, capsys):
+def assert_same_model(ours: Transformer, ckpt: Path, theirs: PreTrainedModel, tok: Tokenizer, capsys):
     """Equal logits, equal greedy ids, and generate.py --temperature 0 on ckpt prints transformers' greedy text."""
     tokens = torch.randint(VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         logits, expected = ours(tokens), theirs(tokens).logits
+        logits64, expected64 = copy.deepcopy(ours).double()(tokens), copy.deepcopy(theirs).double()(tokens).logits
     assert expected.std() > 1  # the tolerance is small next to the logits
-    # float32, not float64: transformers' LLaMA runs its RMSNorm and RoPE in float32 even in a float64 model
-    # (8.4e-6 apart from ours there), while in float32 ours runs the very same torch ops in the same order
-    # (0.0 apart, measured). 1e-5 is ~10 float32 steps of the largest logits (~10, step 9.5e-7).
+    # In float32 ours runs the very same torch ops in the same order (0.0 apart, measured, LLaMA and Qwen3 alike).
+    # 1e-5 is ~10 float32 steps of the largest logits (~10, step 9.5e-7).
     assert (logits - expected).abs().max().item() <= 1e-5
+    # In float64 too, though only to float32's precision: transformers' RMSNorm (QK-norm's included) computes in
+    # float32 whatever the model's dtype, so each norm's output is rounded to float32 there and not here. Measured
+    # on these models: 3.3e-6 to 3.8e-6 apart for Qwen3, 8.4e-6 to 1.09e-5 for LLaMA, at most 16 float32 steps
+    # (2^-20) of the largest logit; a dropped or swapped weight moves logits of std > 1 by O(1).
+    assert (logits64 - expected64).abs().max().item() <= 2 ** -19 * expected64.abs().max().item()
     prompt = [tok.bos_id] + tok.encode(PROMPT)
     new = transformers_greedy_ids(theirs, prompt)
     assert len(set(new)) > 3  # a real continuation, not one token repeated
@@ -57,9 +72,11 @@ def assert_same_model(ours: Transformer, ckpt: Path, theirs: LlamaForCausalLM, t
 
 # --- export: this repo -> transformers ---------------------------------------------------------
 
-@pytest.mark.parametrize("tie", [True, False])
-def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie):
-    model = far_from_init(Transformer(llama_cfg(tie_embeddings=tie)))
+@pytest.mark.parametrize("tie, qk_norm", [(True, "none"), (False, "none"), (True, "rmsnorm")])
+def test_export_loads_as_llama_or_qwen3_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys,
+                                                                         tie, qk_norm):
+    # far from init: the q/k norm gains too, so a mapping that drops or swaps them fails
+    model = far_from_init(Transformer(llama_cfg(tie_embeddings=tie, qk_norm=qk_norm)))
     save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
     # every file readable by whoever may read the folder, as any file written here is (the umask's mode)
@@ -67,7 +84,9 @@ def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, token
         path.name: (tmp_path / "hf" / "config.json").stat().st_mode & 0o777 for path in (tmp_path / "hf").iterdir()}
 
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert type(theirs) is LlamaForCausalLM
+    assert type(theirs) is TRANSFORMERS_CLASSES[qk_norm][1]
+    if qk_norm == "rmsnorm":  # every layer attends to the whole context, as ours
+        assert theirs.config.layer_types == ["full_attention"] * 2 and theirs.config.sliding_window is None
     assert (theirs.lm_head.weight is theirs.model.embed_tokens.weight) == tie
     assert ("lm_head.weight" in load_file(tmp_path / "hf" / "model.safetensors")) == (not tie)
     assert (theirs.config.bos_token_id, theirs.config.eos_token_id) == (tok.bos_id, tok.eos_id)
@@ -78,7 +97,7 @@ def test_export_loads_as_llama_with_equal_logits_and_greedy_text(tmp_path, token
     tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(reloaded(tokens), model(tokens))
-    assert hf_dir == tmp_path / "hf"
+    assert hf_dir == tmp_path / "hf" and reloaded.cfg.qk_norm == qk_norm
 
 
 def test_export_tokenizer_files_encode_like_ours(tmp_path, tokenizer_file, tok):
@@ -106,13 +125,16 @@ def test_export_ships_only_tokenizer_model_when_transformers_would_encode_differ
 
 @pytest.mark.parametrize("switches", [
     dict(norm="layernorm"), dict(norm_position="post"), dict(position="sinusoidal"), dict(position="learned"),
-    dict(position="none"), dict(ffn="relu"), dict(ffn="gelu"), dict(bias=True),
-    dict(norm="layernorm", norm_position="post", position="sinusoidal", ffn="relu", bias=True)])
-def test_export_refuses_non_llama_switches_naming_each(tmp_path, tokenizer_file, capsys, switches):
+    dict(position="none"), dict(ffn="relu"), dict(ffn="gelu"), dict(ffn="relu2"), dict(bias=True),
+    dict(norm="layernorm", norm_position="post", position="sinusoidal", ffn="relu", bias=True),
+    dict(qk_norm="rmsnorm", ffn="relu2"), dict(qk_norm="rmsnorm", norm_position="post", bias=True)])
+def test_export_refuses_switches_with_no_counterpart_naming_each(tmp_path, tokenizer_file, capsys, switches):
     save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
-    named = one_error_line(capsys).split("equivalent for ")[1].split(" (LLaMA is")[0]
-    assert named == ", ".join(f"model.{key}={value}" for key, value in switches.items())
+    arch = "Qwen3" if switches.get("qk_norm") == "rmsnorm" else "LLaMA"  # model.qk_norm picks which it would be
+    named = ", ".join(f"model.{key}={value}" for key, value in switches.items() if key != "qk_norm")
+    assert f"error: no transformers {arch} equivalent for {named} ({arch} is model.norm=rmsnorm" in one_error_line(
+        capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # nothing written, no temporary left
 
 
@@ -140,14 +162,16 @@ def test_export_refuses_vocab_mismatch(tmp_path, tokenizer_file, capsys):
 
 # --- import: transformers -> this repo ---------------------------------------------------------
 
-@pytest.mark.parametrize("tie, shard", [(True, False), (False, False), (False, True)])
-def test_import_transformers_dir_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie, shard):
-    theirs = hf_llama(tie)
+@pytest.mark.parametrize("tie, shard, qk_norm", [(True, False, "none"), (False, False, "none"), (False, True, "none"),
+                                                 (False, False, "rmsnorm")])
+def test_import_transformers_dir_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie, shard,
+                                                                   qk_norm):
+    theirs = hf_model(tie, qk_norm)
     theirs.save_pretrained(tmp_path / "hf", max_shard_size="40KB" if shard else "1GB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file() == shard
     shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
     ours, hf_dir = load_model(tmp_path / "hf")
-    assert hf_dir == tmp_path / "hf" and ours.cfg.tie_embeddings == tie
+    assert hf_dir == tmp_path / "hf" and (ours.cfg.tie_embeddings, ours.cfg.qk_norm) == (tie, qk_norm)
     assert (ours.cfg.n_kv_heads, ours.cfg.d_ff, ours.cfg.rope_base, ours.cfg.norm_eps) == (2, 96, 500.0, 1e-4)
     assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys)
 
@@ -155,7 +179,15 @@ def test_import_transformers_dir_with_equal_logits_and_greedy_text(tmp_path, tok
 @pytest.fixture(scope="module")
 def hf_config_json(tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("hf_cfg")
-    hf_llama(tie=True).config.save_pretrained(d)
+    hf_model(tie=True).config.save_pretrained(d)
+    return json.loads((d / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def qwen3_config_json(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("qwen3_cfg")
+    Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, max_position_embeddings=64).save_pretrained(d)
     return json.loads((d / "config.json").read_text())
 
 
@@ -179,6 +211,19 @@ def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_con
     d = write_hf_dir(tmp_path / "hf", hf_config_json | {key: value}, tokenizer_file)
     with pytest.raises(CheckpointError, match=named) as error:
         load_model(d)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("use_sliding_window", True, "use_sliding_window=True is not supported; this repo's Qwen3 has"),
+    ("layer_types", ["full_attention", "sliding_attention"], "layer_types[1]='sliding_attention' is not supported"),
+    ("attention_bias", True, "attention_bias=True"),
+    ("head_dim", None, "head_dim=128 is not supported")])  # None: absent, so Qwen3Config's own default, 128
+def test_import_refuses_what_qwen3_has_and_this_repo_lacks(tmp_path, tokenizer_file, qwen3_config_json, key, value,
+                                                           named):
+    config = {k: v for k, v in (qwen3_config_json | {key: value}).items() if k != key or v is not None}
+    with pytest.raises(CheckpointError, match=re.escape(named)) as error:
+        load_model(write_hf_dir(tmp_path / "hf", config, tokenizer_file))
     assert "\n" not in str(error.value)
 
 

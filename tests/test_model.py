@@ -14,7 +14,7 @@ from interop.hf_llama import hf_config, hf_state_dict
 from errors import ConfigError
 from model import ModelConfig, Transformer
 from model.attention import Attention
-from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS
+from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
 from model.ffn import FeedForward
 from model.norms import RMSNorm, RMSNormFunction, make_norm
 from model.positions import Rotary
@@ -22,13 +22,13 @@ from training.evaluate import next_token_loss
 from weights import far_from_init
 
 KV_HEADS = (4, 2, 1)  # of n_heads = 4: one K/V head per query head (MHA), two groups (GQA), one shared head (MQA)
-COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS))
+COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS, QK_NORMS))
 
 
-def tiny_model(norm, norm_position, position, n_kv_heads, ffn) -> Transformer:
+def tiny_model(norm, norm_position, position, n_kv_heads, ffn, qk_norm="none") -> Transformer:
     return Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
                                    context_length=16, norm=norm, norm_position=norm_position, position=position,
-                                   ffn=ffn))
+                                   ffn=ffn, qk_norm=qk_norm))
 
 
 # --- the chapter's worked numbers ---------------------------------------------------------
@@ -70,6 +70,16 @@ def test_swiglu_worked_example():
         ffn.w_out.weight.copy_(torch.tensor([[1.2]]))  # W2
     # SiLU(1.5) = 1.5 * sigmoid(1.5) = 1.226;  1.226 * 0.8 * 1.2 = 1.178
     assert ffn(torch.tensor([[1.0]])).item() == approx(1.178, abs=1e-3)
+
+
+def test_relu2_worked_example():
+    ffn = FeedForward(d_model=1, d_ff=2, kind="relu2", bias=False)
+    with torch.no_grad():
+        ffn.w_in.weight.copy_(torch.tensor([[1.5], [-0.5]]))  # W1: two hidden units
+        ffn.w_out.weight.copy_(torch.tensor([[1.2, 3.0]]))  # W2
+    # ReLU(1.5)^2 = 2.25 and ReLU(-0.5)^2 = 0;  2.25 * 1.2 + 0 * 3.0 = 2.7; at x = -1 the other unit: 0.25 * 3 = 0.75
+    assert ffn(torch.tensor([[1.0], [-1.0]])).flatten().tolist() == approx([2.7, 0.75], abs=1e-6)
+    assert ModelConfig(vocab_size=8, ffn="relu2").d_ff == 4 * 128  # ungated, as ReLU
 
 
 def test_rmsnorm_backward_equals_finite_differences_and_autograd():
@@ -144,8 +154,8 @@ def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads, rope):
     d_model, n_heads, seq = 32, 4, 7
     head_dim, group = d_model // n_heads, n_heads // n_kv_heads
     rotary = Rotary(head_dim, max_len=seq) if rope else None
-    gqa = Attention(d_model, n_heads, n_kv_heads, bias=False, dropout=0.0, rotary=rotary, layer=0)
-    mha = Attention(d_model, n_heads, n_heads, bias=False, dropout=0.0, rotary=rotary, layer=0)
+    gqa = Attention(d_model, n_heads, n_kv_heads, bias=False, dropout=0.0, rotary=rotary, qk_norm=None, layer=0)
+    mha = Attention(d_model, n_heads, n_heads, bias=False, dropout=0.0, rotary=rotary, qk_norm=None, layer=0)
     wq, wk, wv = gqa.qkv.weight.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim])
 
     def repeat_heads(w):  # K/V head j serves query heads j * group ... (j + 1) * group - 1
@@ -175,7 +185,7 @@ def test_causal_for_every_combination():
 
 
 def test_every_combination_runs_forward_and_backward():
-    assert len(COMBINATIONS) == 2 * 2 * 4 * 3 * 3
+    assert len(COMBINATIONS) == 2 * 2 * 4 * 3 * 4 * 2
     torch.manual_seed(0)
     tokens = torch.randint(0, 64, (2, 9))
     for combination in COMBINATIONS:

@@ -1,7 +1,7 @@
 """report.py and insight/: each measurement on a model whose answer is known, the page in a real browser, W&B
 offline, and the bad inputs. The checkpoints and reports are made here, once per session
-(make_checkpoints_and_reports): one tiny train.py run (RoPE) and, with its tokenizer, a position=learned model,
-and a model of another vocabulary."""
+(make_checkpoints_and_reports): one tiny train.py run (RoPE) and, with its tokenizer, a position=learned model, a
+QK-norm and ReLU² model of known gains, and a model of another vocabulary."""
 import base64
 import json
 import math
@@ -19,27 +19,42 @@ import report
 from data.tokenizer import train_tokenizer
 from data_helpers import run_train, tiny_run, write_corpus
 from model.kv_cache import kv_cache_bytes
-from insight.attention import cache_by_kv_heads, kv_wiring, layer_qk
-from insight.blocks import ffn_activations
+from insight.attention import cache_by_kv_heads, kv_wiring, layer_qk, logit_scale, qk_norm_bypassed
+from insight.blocks import HISTOGRAM_BINS, NEAR_ZERO, ffn_activations
 from insight.decode import decode_times
 from insight.positions import shift_check
 from model.attention import attention_weights
 from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import load_checkpoint, save_checkpoint
-from insight.lengths import run_val_split, score
+from insight.lengths import report_windows, run_val_split, score
+from insight.page import tables as page_tables
 from weights import far_from_init
 
 PROMPT = "ANNA\nGood night, sweet lord,"
-SECTIONS = ("kv-cache", "attention-wiring", "attention-maps", "positions", "residual-stream", "ffn", "past-context")
+SECTIONS = ("kv-cache", "attention-wiring", "attention-maps", "positions", "residual-stream", "ffn", "past-context",
+            "qk-norm")
+# the modern checkpoint's QK-norm gains, every layer: max|g_q| = 1.5, max|g_k| = 2 (a negative gain counts by its size)
+GAIN_Q, GAIN_K = (0.25, 1.5), (-2.0, 0.5)
+
+
+def set_qk_gains(model: Transformer) -> Transformer:
+    """Every layer's QK-norm gains spread evenly over GAIN_Q and GAIN_K."""
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qk_norm.q_norm.weight.copy_(torch.linspace(*GAIN_Q, model.cfg.head_dim))
+            block.attn.qk_norm.k_norm.weight.copy_(torch.linspace(*GAIN_K, model.cfg.head_dim))
+    return model
 
 
 def make_checkpoints_and_reports(folder: Path) -> None:
     """rope/: a tiny RoPE model trained by train.py (1 layer, d 32, 2 query heads, 1 K/V head, context 32).
     learned/ckpt: the same sizes and tokenizer with a learned position table, its weights far from init.
-    other/ckpt: a model of another vocabulary. run/report: the report of a copy of rope/, written where report.py
-    puts it by default, with --wandb offline into that run's own W&B run. two/: rope/ beside learned/, written over
-    a copy of run/report (a report replaces an earlier one whole)."""
+    modern/: a copy of rope/ (so, the run's val split) whose checkpoint is the same sizes with qk_norm=rmsnorm and
+    ffn=relu2, far from init but its QK-norm gains set_qk_gains'. other/ckpt: a model of another vocabulary.
+    run/report: the report of a copy of rope/, written where report.py puts it by default, with --wandb offline into
+    that run's own W&B run. several/: rope/, learned/ and modern/ side by side, written over a copy of run/report (a
+    report replaces an earlier one whole)."""
     rope = folder / "rope"
     result = run_train(rope, *tiny_run(folder))
     assert result.returncode == 0, result.stderr
@@ -47,6 +62,10 @@ def make_checkpoints_and_reports(folder: Path) -> None:
     torch.manual_seed(0)
     learned = far_from_init(Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"position": "learned"})))
     save_checkpoint(folder / "learned" / "ckpt", learned, ckpt_dir / "tokenizer.model")
+    shutil.copytree(rope, folder / "modern")
+    modern = far_from_init(Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"qk_norm": "rmsnorm",
+                                                                                      "ffn": "relu2"})))
+    save_checkpoint(folder / "modern" / "ckpt", set_qk_gains(modern), ckpt_dir / "tokenizer.model")
     other = train_tokenizer(write_corpus(folder / "other.txt").read_text().splitlines(), 320, folder / "other.model")
     save_checkpoint(folder / "other" / "ckpt", Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"vocab_size": 320})),
                     other.model_file)
@@ -56,9 +75,9 @@ def make_checkpoints_and_reports(folder: Path) -> None:
         for name in ("CONFIG", "CACHE", "DATA"):
             env.setenv(f"WANDB_{name}_DIR", str(folder / "wandb_home" / name.lower()))
         assert report.main(["--ckpt", str(folder / "run"), "--prompt", PROMPT, "--wandb"]) == 0
-    shutil.copytree(folder / "run" / "report", folder / "two")
-    assert report.main(["--ckpt", str(rope), "--ckpt", str(folder / "learned" / "ckpt"), "--prompt", PROMPT,
-                        "--out", str(folder / "two")]) == 0
+    shutil.copytree(folder / "run" / "report", folder / "several")
+    assert report.main(["--ckpt", str(rope), "--ckpt", str(folder / "learned" / "ckpt"), "--ckpt",
+                        str(folder / "modern"), "--prompt", PROMPT, "--out", str(folder / "several")]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +116,13 @@ def one(made) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two(made) -> Path:
-    return made / "two"
+def modern_run(made) -> Path:
+    return made / "modern"
+
+
+@pytest.fixture(scope="module")
+def several(made) -> Path:
+    return made / "several"
 
 
 # --- the measurements --------------------------------------------------------------------------------------
@@ -170,11 +194,113 @@ def test_measured_wiring_is_the_grouping(attention, n_kv_heads):
 def test_relu_zeroes_about_half_its_units_and_silu_none():
     torch.manual_seed(0)
     tokens = torch.randint(64, (1, 12))
-    for ffn, low, high in (("relu", 0.3, 0.7), ("swiglu", 0.0, 0.0)):
+    for ffn, low, high in (("relu", 0.3, 0.7), ("relu2", 0.3, 0.7), ("swiglu", 0.0, 0.0)):
         cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn=ffn, context_length=16)
         activations = ffn_activations(far_from_init(Transformer(cfg)), tokens)
         assert all(low <= zero <= high for zero in activations["zero"]), activations["zero"]
         assert all(near >= zero for near, zero in zip(activations["near_zero"], activations["zero"]))
+
+
+def test_relu2_fractions_are_direct_counts_and_its_tail_stays_out_of_the_bins():
+    """ReLU²'s zero and near-zero fractions counted directly from x·W1 (the FFN's input caught by a hook), and its
+    histogram: the 99.9% quantile cuts the right tail, and what lies past it is in no bin (the last bin holds only
+    its own values), its share in `beyond` and its reach in `range`."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=2, n_kv_heads=1, ffn="relu2", context_length=16)
+    model = far_from_init(Transformer(cfg))
+    torch.manual_seed(0)
+    tokens = torch.randint(64, (1, 16))
+    ffn_inputs = []
+    hooks = [block.ffn.register_forward_pre_hook(lambda _ffn, args: ffn_inputs.append(args[0]))
+             for block in model.blocks]
+    activations = ffn_activations(model, tokens)
+    for hook in hooks:
+        hook.remove()
+    with torch.no_grad():
+        hidden = [block.ffn.w_in(x) for block, x in zip(model.blocks, ffn_inputs)]  # x·W1, as the model rounds it
+    assert activations["kind"] == "relu2"
+    assert activations["zero"] == [(h <= 0).float().mean().item() for h in hidden]  # relu(h)² = 0 iff h <= 0
+    squares = [F.relu(h).square() for h in hidden]
+    assert activations["near_zero"] == pytest.approx(
+        [(a.abs() < NEAR_ZERO * a.pow(2).mean().sqrt()).float().mean().item() for a in squares], abs=1e-9)
+    every = torch.cat([a.flatten() for a in squares])
+    edges, density = activations["edges"], activations["density"]
+    width = (edges[-1] - edges[0]) / HISTOGRAM_BINS
+    assert edges[0] == 0  # a third or more are exactly 0, so the 0.1% quantile is 0 and no left tail is cut
+    past = (every > edges[-1]).sum().item()
+    assert 0 < past <= 0.001 * every.numel() + 1 and activations["beyond"] == pytest.approx(past / every.numel())
+    assert activations["range"] == [0.0, every.max().item()] and every.max().item() > 1.2 * edges[-1]
+    in_last_bin = ((every >= edges[-2]) & (every <= edges[-1])).sum().item()
+    assert abs(density[-1] * every.numel() * width - in_last_bin) <= 1  # +-1: a value on the bin's edge
+    assert sum(density) * width == pytest.approx(1 - past / every.numel(), abs=1e-6)
+
+
+def rope_float64(x: torch.Tensor, base: float) -> torch.Tensor:
+    """x [B, H, T, D] turned by RoPE from position 0, half-split (model/positions.py's formula), in float64."""
+    T, D = x.shape[-2:]
+    angles = torch.arange(T, dtype=torch.float64)[:, None] * base ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    first, second = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def direct_max_logits(model: Transformer, windows: torch.Tensor, normalised: bool) -> list[float]:
+    """Per layer the max |q·k|/√D over causal pairs, from each block's attention input (caught by a hook) and the
+    weights alone, in float64: the q and k rows of the stacked projection, each head RMS-normalised with its gains
+    (if normalised), RoPE, query head h reading K/V head h // (H / H_kv)."""
+    cfg = model.cfg
+    H, H_kv, D, T = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, windows.shape[1]
+    inputs = []
+    hooks = [block.attn.register_forward_pre_hook(lambda _attn, args: inputs.append(args[0])) for block in model.blocks]
+    with torch.no_grad():
+        model(windows)
+    for hook in hooks:
+        hook.remove()
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    found = []
+    for block, x in zip(model.blocks, inputs):
+        heads = (x.double() @ block.attn.qkv.weight.double().T).unflatten(-1, (H + 2 * H_kv, D)).transpose(1, 2)
+        q, k = heads[:, :H], heads[:, H:H + H_kv]
+        if normalised:
+            q, k = (t / (t.pow(2).mean(-1, keepdim=True) + cfg.norm_eps).sqrt() * norm.weight.double()
+                    for t, norm in ((q, block.attn.qk_norm.q_norm), (k, block.attn.qk_norm.k_norm)))
+        q, k = rope_float64(q, cfg.rope_base), rope_float64(k, cfg.rope_base).repeat_interleave(H // H_kv, dim=1)
+        found.append(((q @ k.transpose(-1, -2)).abs() / math.sqrt(D)).masked_fill(future, 0).amax().item())
+    return found
+
+
+def test_qk_norm_logits_are_a_direct_computation_within_the_bound_and_bypassing_reads_the_raw_projections():
+    """A 2-layer GQA model with QK-norm and known gains, 3 windows read 2 at a time: as trained, each layer's max
+    |q·k|/√D is the float64 computation with the norm and at most √D·1.5·2; bypassed, it is the one without (the
+    raw projections, then RoPE), on the same block inputs. The model's logits are bit-identical afterwards, and
+    after an error inside the bypass too."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, qk_norm="rmsnorm",
+                      context_length=16)
+    model = set_qk_gains(far_from_init(Transformer(cfg)))
+    torch.manual_seed(0)
+    windows = torch.randint(64, (3, 16))
+    with torch.no_grad():
+        before = model(windows)
+    norms = [block.attn.qk_norm for block in model.blocks]
+    scale = logit_scale(model, windows, batch_size=2)
+    bound = math.sqrt(cfg.head_dim) * max(map(abs, GAIN_Q)) * max(map(abs, GAIN_K))
+    assert scale["bound"] == pytest.approx([bound] * 2, rel=1e-6)
+    assert scale["as_trained"] == pytest.approx(direct_max_logits(model, windows, normalised=True), rel=1e-5)
+    assert scale["bypassed"] == pytest.approx(direct_max_logits(model, windows, normalised=False), rel=1e-5)
+    assert all(logit <= b for logit, b in zip(scale["as_trained"], scale["bound"]))
+    # the two columns differ by more than rounding, so the comparisons above tell them apart
+    assert all(abs(raw - normed) > 0.1 * normed for raw, normed in zip(scale["bypassed"], scale["as_trained"]))
+    with pytest.raises(RuntimeError, match="inside the bypass"):
+        with qk_norm_bypassed(model):
+            assert all(block.attn.qk_norm is None for block in model.blocks)
+            raise RuntimeError("inside the bypass")
+    assert all(block.attn.qk_norm is norm for block, norm in zip(model.blocks, norms))
+    with torch.no_grad():
+        assert torch.equal(model(windows), before)
+    # without QK-norm: the as-trained column only, the same direct computation without the norm
+    plain = far_from_init(Transformer(ModelConfig.from_dict(cfg.to_dict() | {"qk_norm": "none"})))
+    plain_scale = logit_scale(plain, windows)
+    assert plain_scale["bypassed"] is None and plain_scale["bound"] is None
+    assert plain_scale["as_trained"] == pytest.approx(direct_max_logits(plain, windows, normalised=False), rel=1e-5)
 
 
 def decode_work(cfg: ModelConfig, position: int, cached: bool) -> int:
@@ -211,20 +337,23 @@ def embedded_images(page: str) -> list[bytes]:
     return [base64.b64decode(data) for data in re.findall(r'src="data:image/png;base64,([^"]+)"', page)]
 
 
-@pytest.mark.parametrize("which", ["one", "two"])
+@pytest.mark.parametrize("which", ["one", "several"])
 def test_every_section_is_in_the_page_and_every_figure_in_it(which, request):
     out = request.getfixturevalue(which)
     page, numbers = (out / "index.html").read_text(), json.loads((out / "report.json").read_text())
     labels = [c["label"] for c in numbers["checkpoints"]]
-    assert labels == (["llama_tiny-norm=layernorm"] if which == "one" else ["position=rope", "position=learned"])
+    assert labels == (["llama_tiny-norm=layernorm"] if which == "one" else [
+        "position=rope, qk_norm=none, ffn=swiglu", "position=learned, qk_norm=none, ffn=swiglu",
+        "position=rope, qk_norm=rmsnorm, ffn=relu2"])
     for section in SECTIONS:
         body = page.split(f'<section id="{section}">')[1].split("</section>")[0]
         assert "<img" in body and "<table>" in body and all(label in body for label in labels), section
     pngs = sorted(out.glob("*.png"))
     assert sorted(embedded_images(page)) == sorted(p.read_bytes() for p in pngs)
-    expected = {"kv_cache", "attention_wiring", "attention_entropy", "shift_check", "score_distance",
-                "residual_stream", "ffn", "lengths_0"} | {f"attention_maps_{i}" for i in range(len(labels))}
-    assert {p.stem for p in pngs} == expected | ({"position_table"} if which == "two" else set())
+    maps = {f"attention_maps_{i}" for i in range(len(labels))}
+    expected = maps | {"kv_cache", "attention_wiring", "attention_entropy", "shift_check", "score_distance",
+                       "residual_stream", "ffn", "qk_logits", "lengths_0"}
+    assert {p.stem for p in pngs} == expected | ({"position_table", "lengths_2"} if which == "several" else set())
     assert "http://" not in page and "https://" not in page  # nothing to fetch
     for ckpt in numbers["checkpoints"]:
         T = len(numbers["tokens"])
@@ -232,8 +361,8 @@ def test_every_section_is_in_the_page_and_every_figure_in_it(which, request):
         assert (ckpt["positions"]["table_similarity"] is None) == (ckpt["model"]["position"] == "rope")
 
 
-def test_past_the_context_scores_the_runs_val_split_at_1_2_and_4_times(two, rope_run):
-    rope, learned = json.loads((two / "report.json").read_text())["checkpoints"]
+def test_past_the_context_scores_the_runs_val_split_at_1_2_and_4_times(several, rope_run):
+    rope, learned, _ = json.loads((several / "report.json").read_text())["checkpoints"]
     lengths = rope["past_context"]
     assert [r["length"] for r in lengths["results"]] == [32, 64, 128]
     stream, bytes_per_token = run_val_split(rope_run / "ckpt")
@@ -244,6 +373,32 @@ def test_past_the_context_scores_the_runs_val_split_at_1_2_and_4_times(two, rope
     # a checkpoint outside a training run dir: no val split, and the page says why
     assert learned["past_context"] == {"unavailable": f"no config.yaml in {learned['path'].removesuffix('/ckpt')}, "
                                                       f"so no val split to score: give a training run's dir"}
+
+
+def test_the_qk_norm_section_reads_the_val_windows_and_stays_within_the_bound(several, rope_run, modern_run):
+    """Section 8 of rope/, learned/ and modern/: the run's val windows at the trained context (the prompt for the
+    checkpoint outside a run), modern's bound from its known gains, and for the two without QK-norm the as-trained
+    column only, in report.json and in the page's table."""
+    numbers = json.loads((several / "report.json").read_text())
+    rope, learned, modern = (c["qk_logits"] for c in numbers["checkpoints"])
+    windows = report_windows(run_val_split(rope_run / "ckpt")[0], 32)
+    assert len(windows) > 1
+    for scale in (rope, modern):
+        assert (scale["source"], scale["windows"], scale["window_tokens"]) == ("val", len(windows), 32)
+    assert (learned["source"], learned["windows"], learned["window_tokens"]) == ("prompt", 1, len(numbers["tokens"]))
+    assert rope["bypassed"] is None and rope["bound"] is None and learned["bypassed"] is None
+    model = report.load(str(modern_run))[0]
+    assert modern["as_trained"] == pytest.approx(logit_scale(model, windows)["as_trained"], rel=1e-6)
+    assert modern["bound"] == pytest.approx([math.sqrt(16) * 1.5 * 2.0], rel=1e-6)
+    assert modern["as_trained"][0] <= modern["bound"][0]
+    rows = page_tables(numbers)["qk_logits"]["rows"]
+    assert [row[:4] for row in rows] == [
+        ["position=rope, qk_norm=none, ffn=swiglu", "none", 0, f"val split, {len(windows)} windows of 32 tokens"],
+        ["position=learned, qk_norm=none, ffn=swiglu", "none", 0,
+         f"the prompt, {len(numbers['tokens'])} tokens (no val split)"],
+        ["position=rope, qk_norm=rmsnorm, ffn=relu2", "rmsnorm", 0, f"val split, {len(windows)} windows of 32 tokens"]]
+    assert [row[5:] for row in rows] == [[None, None], [None, None], [modern["bypassed"][0], modern["bound"][0]]]
+    assert [c["ffn"]["kind"] for c in numbers["checkpoints"]] == ["swiglu", "swiglu", "relu2"]
 
 
 @pytest.mark.parametrize("case,message", [
@@ -294,7 +449,8 @@ def test_wandb_offline_gets_every_figure_and_table(one):
         [logged] = images.glob(f"{png.stem}_0_*.png")
         assert logged.read_bytes() == png.read_bytes()
     tables = sorted(p.name.split("_0_")[0] for p in (files / "media" / "table" / "report" / "table").glob("*.table.json"))
-    assert tables == sorted(["kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths"])
+    assert tables == sorted(["kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths",
+                             "qk_logits"])
 
 
 # --- the page in a browser -----------------------------------------------------------------------------------
@@ -343,12 +499,12 @@ def shown(driver) -> tuple[int, str]:
     return int(text.replace(",", "")), driver.find_element("id", "est-gb").text
 
 
-def test_the_page_in_a_browser(browser, two):
-    browser.get((two / "index.html").as_uri())
+def test_the_page_in_a_browser(browser, several):
+    browser.get((several / "index.html").as_uri())
     assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []
     widths = browser.execute_script("return Array.from(document.images, img => img.complete ? img.naturalWidth : 0)")
-    assert len(widths) == len(list(two.glob("*.png"))) and all(w > 0 for w in widths), widths
-    numbers = json.loads((two / "report.json").read_text())
+    assert len(widths) == len(list(several.glob("*.png"))) and all(w > 0 for w in widths), widths
+    numbers = json.loads((several / "report.json").read_text())
     model = numbers["checkpoints"][0]["model"]
     # prefilled with the first checkpoint: its cache at its full context in fp32
     assert shown(browser)[0] == kv_cache_bytes(model["n_layers"], model["n_kv_heads"],

@@ -139,6 +139,13 @@ def test_a_study_dir_in_use_is_one_line(tmp_path, capsys):
         f"error: --out {tmp_path} is in use by another study (pid {os.getpid()}); wait for it to end"]
 
 
+def like_a_terminals_foreground_job() -> None:
+    """Ctrl-C's default disposition, unblocked, in the child: Python turns SIGINT into KeyboardInterrupt only where
+    its parent left it at the default, and a test worker's may not be (this test once saw the study exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tmp_path):
     out = tmp_path / "study"
     command = [sys.executable, str(ROOT / "sweep.py"), "--out", str(out), "--variants", "baseline", "--probe",
@@ -146,14 +153,14 @@ def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tm
                "train.max_steps=null", "train.time_budget=1", "train.log_interval=1",  # runs of 1 s on any machine
                "train.ckpt_interval=1000", "train.sample_interval=1000"]  # the ablation's follow max_steps
     study = subprocess.Popen(command, cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+                             text=True, start_new_session=True, preexec_fn=like_a_terminals_foreground_job)
     first = out / "baseline" / "lr0.001" / "seed0" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not first.exists() and time.monotonic() < deadline and study.poll() is None:
         time.sleep(0.1)
     os.killpg(study.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
     _, err = study.communicate(timeout=120)
-    assert study.returncode == 130
+    assert study.returncode == 130, err[-2000:]
     assert err.splitlines() == ["stopped: the runs in progress saved a checkpoint and stopped; the same command "
                                 "resumes the study (finished runs are kept, stopped ones run again)"]
     assert json.loads((first.parent / "summary.json").read_text())["stop_reason"] != "completed"

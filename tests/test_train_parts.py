@@ -3,6 +3,7 @@ names, metrics truncation on resume, the W&B mode choice. The end-to-end runs ar
 import json
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
@@ -13,12 +14,12 @@ from model.transformer import Transformer
 from storage.checkpoint import CheckpointError
 from training.config import check_train_config, named_settings, settings_of, settings_to_resume
 from training.horizon import Horizon
-from training.optim import lr_at, make_optimizer
+from training.optim import MuonAdamW, lr_at, make_optimizer, set_lr
 from settings import CONFIG_DIR, compose_config
-from training.state import checkpoint_to_resume
+from training.state import Progress, checkpoint_to_resume, resume_training, save_training_checkpoint
 from training.tracking import default_run_name, keep_metrics_up_to, wandb_mode
 
-TRAIN = OmegaConf.load(CONFIG_DIR / "config.yaml").train
+TRAIN = OmegaConf.create(OmegaConf.to_container(compose_config([]).train, resolve=True))  # with the optim group's
 
 
 def train_settings(**changes):
@@ -42,6 +43,74 @@ def test_weight_decay_goes_to_matrices_only():
     assert "abs_pos.table" in plain_names
     assert all(n.endswith("bias") or "norm" in n or n == "abs_pos.table" for n in plain_names)
     assert len(decayed_names) + len(plain_names) == len(list(model.parameters()))
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, context_length=8,
+                      position="learned", qk_norm="rmsnorm", bias=True)
+    model = Transformer(cfg)
+    optimizer = make_optimizer(model, train_settings(optimizer="muon", lr=0.004, muon_lr=0.02, weight_decay=0.1))
+    assert isinstance(optimizer, MuonAdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    [muon], (decayed, plain) = optimizer.muon.param_groups, optimizer.adamw.param_groups
+    assert sorted(names[id(p)] for p in muon["params"]) == sorted(
+        f"blocks.{i}.{m}.weight" for i in range(2) for m in ("attn.qkv", "attn.out", "ffn.w_in", "ffn.w_out"))
+    assert [names[id(p)] for p in decayed["params"]] == ["tok_emb.weight"]  # the LM head tied to it, listed once
+    assert all(n.endswith("bias") or "norm" in n or n == "abs_pos.table" for n in map(names.get, map(id, plain["params"])))
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == len(list(model.parameters()))
+    # the schedule's lr is train.lr's; Muon's peak is its own, and it follows the schedule in proportion
+    set_lr(optimizer, 0.002)
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.01, 0.002, 0.002], rel=1e-12)
+
+
+def test_a_muon_step_is_an_orthogonalised_update_at_adamws_rms():
+    """One step from zero momentum, no weight decay: W moves by lr 0.2 sqrt(max(A, B)) NS5(G), NS5(G) close to
+    U V^T (G = U S V^T), so the move's singular values sit near lr 0.2 sqrt(max(A, B)) (Newton-Schulz's quintic
+    leaves them in about [0.7, 1.2] of it; Jordan et al. 2024) and its rms near 0.2 lr, whatever G's scale. G is
+    Gaussian, its singular values within 4x of each other, so that all of them reach that band in five steps."""
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=2, n_kv_heads=2, context_length=8))
+    lr = 0.01
+    optimizer = make_optimizer(model, train_settings(optimizer="muon", lr=lr, muon_lr=lr, weight_decay=0.0))
+    w = model.blocks[0].ffn.w_out.weight  # [32, 96]: A = 32, B = 96
+    before = w.detach().clone()
+    w.grad = 1e-3 * torch.randn(w.shape, generator=torch.Generator().manual_seed(0))
+    optimizer.step()
+    move = (before - w.detach()).double()
+    singular = torch.linalg.svdvals(move) / (lr * 0.2 * 96 ** 0.5)
+    assert 0.6 < singular.min() and singular.max() < 1.25, singular
+    assert move.square().mean().sqrt().item() == pytest.approx(0.2 * lr, rel=0.25)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_a_resumed_optimizer_continues_bit_for_bit(optimizer, tmp_path, tokenizer_file):
+    """Three steps, a checkpoint, three more in a fresh model and optimizer loaded from it: the same weights as six
+    steps in one go, exactly (the optimizers' states and the RNG travel in train_state.pt). Each step sets its own
+    lr first, as train.py does, so Muon's group must keep its lr_scale through the checkpoint."""
+    cfg = ModelConfig(vocab_size=300, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, context_length=8, qk_norm="rmsnorm")
+    settings = train_settings(optimizer=optimizer, lr=0.01, muon_lr=0.02 if optimizer == "muon" else None)
+
+    def steps(model, opt, first, n):
+        for step in range(first, first + n):
+            set_lr(opt, 0.01 * (step + 1) / 6)  # a warm-up
+            model(torch.randint(0, 300, (4, 8))).logsumexp(-1).mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    def fresh():
+        torch.manual_seed(0)
+        model = Transformer(cfg)
+        return model, make_optimizer(model, settings)
+
+    whole, whole_opt = fresh()
+    steps(whole, whole_opt, 0, 6)
+    first, first_opt = fresh()
+    steps(first, first_opt, 0, 3)
+    save_training_checkpoint(tmp_path / "ckpt", first, tokenizer_file, first_opt, Progress(step=3))
+    second, second_opt = fresh()
+    assert resume_training(tmp_path / "ckpt", second, tokenizer_file, second_opt).step == 3
+    steps(second, second_opt, 3, 3)
+    for (name, a), b in zip(whole.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def step_lrs(train, steps: int) -> list[float]:
@@ -84,6 +153,11 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     ({"warmup_fraction": 1.0}, 1, "train.warmup_fraction=1.0 must be a number in [0, 1)"),
     ({"reference_tokens_per_s": 0.0}, 1, "train.reference_tokens_per_s=0.0 must be a positive number or null"),
     ({"threads": 0}, 1, "train.threads=0 must be a positive integer or null"),
+    ({"optimizer": "muon", "muon_lr": 0.0}, 1, "train.muon_lr=0.0 must be a positive number: Muon's peak learning rate"),
+    ({"optimizer": "muon", "muon_lr": None}, 1, "train.muon_lr=None must be a positive number: Muon's peak learning rate"),
+    ({"optimizer": "adamw", "muon_lr": 0.01}, 1, "train.muon_lr=0.01 does nothing with train.optimizer=adamw; choose "
+                                                 "optim=muon"),
+    ({"optimizer": "sgd"}, 1, "train.optimizer='sgd' must be one of adamw, muon (optim=muon chooses Muon)"),
 ])
 def test_train_settings_checks(changes, world_size, message):
     train = train_settings(**changes)
@@ -112,9 +186,13 @@ def test_a_null_micro_batch_is_the_largest_divisor_up_to_the_maximum(batch_size,
       "attention": "mha", "ffn": "relu", "data": "shakespeare"}, "transformer2017_tiny-position=rope"),
     ({"model": "llama_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
       "ffn": "relu", "data": "shakespeare", "experiment": "quick"}, "quick-ffn=relu"),
+    ({"model": "llama_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
+      "ffn": "swiglu", "qk_norm": "rmsnorm", "optim": "muon", "data": "text"}, "llama_tiny-qk_norm=rmsnorm-optim=muon"),
+    ({"model": "modern_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
+      "ffn": "swiglu", "qk_norm": "rmsnorm", "optim": "muon", "data": "text"}, "modern_tiny-ffn=swiglu"),
 ])
 def test_default_run_name_lists_the_groups_switched_away_from_the_preset(choices, name):
-    assert default_run_name(choices) == name
+    assert default_run_name({"qk_norm": "none", "optim": "adamw", **choices}) == name  # the groups every run has
 
 
 def test_a_fresh_run_never_overwrites_a_checkpoint_and_resume_needs_one(tmp_path):
@@ -194,7 +272,9 @@ def test_a_resume_names_what_it_may_change():
      "model.name=transformer2017_tiny: the run being resumed has model.name=llama_quick"),
     (["train.lr=0.01"], "train.lr=0.01: the run being resumed has train.lr=0.004"),
     (["train.seed=1"], "train.seed=1: the run being resumed has train.seed=0"),
-    (["data=tinyshakespeare"], "data.name=tinyshakespeare: the run being resumed has data.name=shakespeare")])
+    (["data=tinyshakespeare"], "data.name=tinyshakespeare: the run being resumed has data.name=shakespeare"),
+    (["optim=muon"], "train.optimizer=muon: the run being resumed has train.optimizer=adamw"),
+    (["qk_norm=rmsnorm"], "model.qk_norm=rmsnorm: the run being resumed has model.qk_norm=none")])
 def test_a_resume_refuses_what_would_change_its_checkpoint(command_line, message):
     with pytest.raises(ConfigError) as refused:
         resumed(QUICK_RUN, command_line)

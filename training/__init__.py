@@ -1,10 +1,10 @@
 """The helpers that keep train.py a top-down read (the settings' schema and compose_config(): settings.py).
 
 config.py       train.* range checks, gradient accumulation arithmetic, device and precision, the model config
-optim.py        AdamW parameter groups (which parameters decay) and the lr schedule
+optim.py        AdamW or Muon + AdamW (optim=muon): the parameter groups (which decay, which Muon takes), the lr schedule
 evaluate.py     the next-token loss; val loss, perplexity and bits per byte
 state.py        resumable checkpoints (train_state.pt) and the per-step batch generator
-budget.py       train.time_budget: the duration, the reserve for the run's end, the last step that fits
+budget.py       train.time_budget: the duration, the reserve for the run's end (at most a quarter), the last step that fits
 horizon.py      the limits that end a run (train.max_steps, train.time_budget): each step's lr, the last step
 tracking.py     metrics.jsonl, summary.json and W&B, fed the same numbers
 distributed.py  torchrun/DDP set-up and the per-step agreement between processes

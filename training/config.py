@@ -29,6 +29,7 @@ from model.config import ModelConfig, check_attention_choice
 from settings import flatten
 from storage.checkpoint import CheckpointError, resolve_ckpt_dir, run_dir_of
 from training.budget import parse_duration
+from training.optim import OPTIMIZERS
 
 POSITIVE_INTS = ("batch_size", "eval_interval", "eval_tokens", "log_interval", "ckpt_interval",
                  "sample_interval", "sample_tokens")
@@ -51,6 +52,14 @@ def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
         raise ConfigError(f"train.warmup_fraction={train.warmup_fraction} must be a number in [0, 1)")
     if not 0 < train.lr < math.inf:
         raise ConfigError(f"train.lr={train.lr} must be a positive number")
+    if train.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"train.optimizer={train.optimizer!r} must be one of {', '.join(OPTIMIZERS)} (optim=muon "
+                          f"chooses Muon)")
+    if train.optimizer == "muon" and not (train.muon_lr is not None and 0 < train.muon_lr < math.inf):
+        raise ConfigError(f"train.muon_lr={train.muon_lr} must be a positive number: Muon's peak learning rate")
+    if train.optimizer != "muon" and train.muon_lr is not None:
+        raise ConfigError(f"train.muon_lr={train.muon_lr} does nothing with train.optimizer={train.optimizer}; "
+                          f"choose optim=muon")
     if not 0 <= train.min_lr <= train.lr:
         raise ConfigError(f"train.min_lr={train.min_lr} must be a number in [0, train.lr={train.lr}]")
     if train.reference_tokens_per_s is not None and not 0 < train.reference_tokens_per_s < math.inf:
@@ -211,7 +220,9 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
                if isinstance(value, str) and (match := re.fullmatch(r"\$\{([\w.]+)\}", value))}
     named = named | {key for key, source in follows.items() if source in named}
     changed = []
-    for key, value in now.items():
+    # what the checkpoint is (model.*, data.*) is checked first: a preset names the train.* it sets too, and a
+    # refused `model=X` should say that the model differs
+    for key, value in sorted(now.items(), key=lambda item: not item[0].startswith(("model.", "data."))):
         if key == "train.resume" or key not in before or value == before[key]:
             continue
         if key.startswith("wandb."):  # how the run is logged, not what it is: the command line's, where it sets one

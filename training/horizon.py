@@ -87,6 +87,8 @@ class Horizon:
         if self.budget is not None:
             record |= {"time_budget_s": self.budget.seconds, **self.budget_fraction(elapsed),
                        "end_costs_s": dict(self.budget.costs)}
+            if elapsed > self.budget.seconds:  # the end cost more than its reserve (capped: training/budget.py)
+                record["over_budget_s"] = elapsed - self.budget.seconds
         if completed:
             record["ended_by"] = "max_steps" if step >= self.max_steps else "time_budget"
         return record

@@ -1,4 +1,16 @@
-"""AdamW with decoupled weight decay on the weight matrices only, and the learning-rate schedule.
+"""The optimizer (train.optimizer, the `optim` group) and the learning-rate schedule.
+
+adamw: AdamW with decoupled weight decay on the weight matrices only, at train.lr.
+muon:  Muon (Jordan et al. 2024) for the blocks' weight matrices, at train.muon_lr, and AdamW as above for the
+       rest (the token embedding and the LM head tied to it, norms' gains, biases), at train.lr: the split of
+       nanochat and modded-nanogpt. Muon keeps a momentum M <- 0.95 M + 0.05 G of each matrix's gradient G and
+       steps along the orthogonalised form of the Nesterov blend N = 0.95 M + 0.05 G: the nearest semi-orthogonal
+       matrix U V^T (N = U S V^T), which five Newton-Schulz iterations approximate with matmuls (torch.optim.Muon):
+           W <- W (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS5(N)          W: [A, B]
+       NS5(N) has rms ~ 1 / sqrt(max(A, B)), so the factor 0.2 sqrt(max(A, B)) (Liu et al. 2025, "Muon is
+       scalable") gives the update AdamW's typical rms of 0.2 lr: train.lr's scale fits Muon too. The stacked
+       matrices ([Wq; Wk; Wv], SwiGLU's [W1; W3]) are orthogonalised whole, as they are one matmul here; nanochat
+       and modded-nanogpt orthogonalise q, k and v apart (separate layers), so this Muon couples their updates.
 
 Decayed: the weights of every nn.Linear and nn.Embedding (the attention and FFN projections, the
 token embedding and the LM head tied to it). Not decayed: norm gains and biases, linear biases and
@@ -20,18 +32,64 @@ from omegaconf import DictConfig
 from torch import nn
 
 
-def make_optimizer(model: nn.Module, train: DictConfig) -> torch.optim.AdamW:
-    matrices = {id(m.weight): m.weight for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
-    others = [p for p in model.parameters() if id(p) not in matrices]  # parameters() lists a tied weight once
-    groups = [{"params": list(matrices.values()), "weight_decay": train.weight_decay},
-              {"params": others, "weight_decay": 0.0}]
+OPTIMIZERS = ("adamw", "muon")
+
+
+def make_optimizer(model: nn.Module, train: DictConfig) -> "torch.optim.Optimizer | MuonAdamW":
+    muon = block_matrices(model) if train.optimizer == "muon" else []
+    taken = {id(p) for p in muon}
+    adamw = adamw_for([p for p in model.parameters() if id(p) not in taken], model, train)
+    if not muon:
+        return adamw
+    matrices = torch.optim.Muon(muon, lr=train.muon_lr, weight_decay=train.weight_decay,
+                                adjust_lr_fn="match_rms_adamw")
+    matrices.param_groups[0]["lr_scale"] = train.muon_lr / train.lr  # the schedule is train.lr's shape: set_lr
+    return MuonAdamW(matrices, adamw)
+
+
+def block_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The weight matrices of the blocks' linear layers (attention's and the FFN's projections): Muon's."""
+    return [m.weight for block in model.blocks for m in block.modules() if isinstance(m, nn.Linear)]
+
+
+def adamw_for(params: list[nn.Parameter], model: nn.Module, train: DictConfig) -> torch.optim.AdamW:
+    matrices = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding))}
+    groups = [{"params": [p for p in params if id(p) in matrices], "weight_decay": train.weight_decay},
+              {"params": [p for p in params if id(p) not in matrices], "weight_decay": 0.0}]
     # fused: one kernel for the whole update instead of a dozen per tensor
     return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.betas), fused=True)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+class MuonAdamW:
+    """Muon's matrices and AdamW's rest, stepped, zeroed, saved and loaded as one optimizer."""
+
+    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+        self.muon, self.adamw = muon, adamw
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.muon.param_groups + self.adamw.param_groups
+
+    def step(self) -> None:
+        self.muon.step()
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.muon.zero_grad(set_to_none)
+        self.adamw.zero_grad(set_to_none)
+
+    def state_dict(self) -> dict:
+        return {"muon": self.muon.state_dict(), "adamw": self.adamw.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.muon.load_state_dict(state["muon"])
+        self.adamw.load_state_dict(state["adamw"])
+
+
+def set_lr(optimizer: "torch.optim.Optimizer | MuonAdamW", lr: float) -> None:
+    """lr: the schedule's value for train.lr; a group with its own peak (Muon's) follows it in proportion."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
 def lr_at(done: float, step: float, train: DictConfig) -> float:

@@ -1,7 +1,8 @@
 """Checkpoints that training can resume from: storage/checkpoint.py's directory plus train_state.pt.
 
     train_state.pt = {"progress": {step, tokens, elapsed_s, best_val_loss, last_val, wandb_id},
-                      "optimizer": AdamW state, "rng": {"torch": CPU state, "cuda": [per-device states]}}
+                      "optimizer": AdamW state (optim=muon: {"muon": ..., "adamw": ...}), "rng": {"torch": CPU state,
+                      "cuda": [per-device states]}}
 
 The learning rate is a function of the step (training/optim.py) and the batches of a step come
 from a generator seeded by (train.seed, rank, step) (step_generator below), so the step is both
