@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cli import Parser
 from errors import UsageError
+from interop.hf_llama import hf_head_dim
 from interop.load import load_model
 from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import CheckpointError
@@ -33,14 +34,14 @@ def kv_projections(new_tokens: int, prompt_tokens: int = 1) -> tuple[int, int]:
 
 
 def dims_from_hf_config(path: str) -> dict:
-    """num_hidden_layers, num_key_value_heads (default: num_attention_heads), head_dim (default:
-    hidden_size / num_attention_heads) and max_position_embeddings of a transformers config.json."""
+    """num_hidden_layers, num_key_value_heads (default: num_attention_heads), head_dim (as transformers reads it:
+    interop.hf_llama.hf_head_dim) and max_position_embeddings of a transformers config.json."""
     try:
         config = json.loads(Path(path).read_text())
         heads = config["num_attention_heads"]
         return {"layers": config["num_hidden_layers"],
                 "kv_heads": config.get("num_key_value_heads") or heads,
-                "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+                "head_dim": hf_head_dim(config),
                 "seq": config.get("max_position_embeddings")}
     except OSError as e:
         raise UsageError(f"--hf-config {path}: cannot read it: {e.strerror}") from None

@@ -64,6 +64,14 @@ LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk
 QWEN3 = Architecture("Qwen3", "qwen3", "Qwen3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "rmsnorm"},
                      {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False}, 128)
 ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}  # model.qk_norm -> its architecture
+BY_MODEL_TYPE = {arch.model_type: arch for arch in ARCHITECTURES.values()}  # config.json's model_type -> its architecture
+
+
+def hf_head_dim(hf: dict) -> int:
+    """A transformers config.json's head dim as transformers reads it: its head_dim, else its architecture's
+    default (Qwen3's 128), else hidden_size / num_attention_heads. KeyError where those are missing."""
+    arch = BY_MODEL_TYPE.get(hf.get("model_type"))
+    return hf.get("head_dim") or (arch and arch.default_head_dim) or hf["hidden_size"] // hf["num_attention_heads"]
 
 
 class InteropError(UsageError):
@@ -176,11 +184,10 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 
 def model_config_from_hf(hf: dict) -> ModelConfig:
     """ModelConfig for a transformers LLaMA or Qwen3 config.json; refuses features this repo does not have."""
-    by_type = {arch.model_type: arch for arch in ARCHITECTURES.values()}
-    arch = by_type.get(hf.get("model_type"))
+    arch = BY_MODEL_TYPE.get(hf.get("model_type"))
     if arch is None:
         raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type="
-                           f"{' or '.join(repr(t) for t in by_type)} is")
+                           f"{' or '.join(repr(t) for t in BY_MODEL_TYPE)} is")
     for key, supported in arch.fixed.items():
         if hf.get(key, supported) != supported:
             raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
@@ -198,7 +205,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
     values |= rope_settings(hf, values["context_length"])
-    head_dim = hf.get("head_dim") or arch.default_head_dim or d // n_heads
+    head_dim = hf_head_dim(hf)
     if head_dim * n_heads != d:
         raise InteropError(f"head_dim={head_dim} is not supported; this repo's head dim is "
                            f"hidden_size / num_attention_heads = {d} / {n_heads}")

@@ -64,6 +64,8 @@ def test_estimator_reads_a_transformers_config(tmp_path):
     assert f"= {kv_cache_bytes(32, 1, 64, 4096):,} bytes" in estimate(["--hf-config", str(path)])
     assert f"= {kv_cache_bytes(32, 1, 64, 100, batch=3, bytes_per_element=4):,} bytes" in estimate(
         ["--hf-config", str(path), "--seq", "100", "--batch", "3", "--dtype", "fp32"])
+    path.write_text(json.dumps(config | {"model_type": "qwen3"}))  # Qwen3Config's head dim is 128 unless given
+    assert f"= {kv_cache_bytes(32, 32, 128, 4096):,} bytes" in estimate(["--hf-config", str(path)])
 
 
 def test_estimator_reads_a_checkpoint(tmp_path):
