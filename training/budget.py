@@ -16,7 +16,7 @@ Steps go on while one more step and the reserve still fit; the step after which 
 is the last. training/horizon.py turns the time into the schedule's fraction.
 
 The reserve never takes more than MAX_RESERVE_SHARE of the budget from the steps. On a machine slow or busy
-enough that the end costs more (a 60 s budget beside eight busy loops: an eval of 21.5 s, a sample of 7.9 s,
+enough that the end costs more (a 60 s budget beside eight busy loops: an eval of 38.1 s, a sample of 79.8 s,
 docs/training.md), the steps still get three quarters of the budget and the end runs past it by the
 difference: summary.json then has `over_budget_s`, and the run's last lines say so. Shrinking the end instead
 would change what it measures (a smaller val set is another number).
