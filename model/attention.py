@@ -33,8 +33,10 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.layer = layer  # index into the KV cache
-        # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv].
+        # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv] (an optimizer that treats each
+        # matrix on its own, Muon, reads stacked_rows).
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.qkv.stacked_rows = [n_heads * self.head_dim] + 2 * [n_kv_heads * self.head_dim]
         self.out = nn.Linear(d_model, d_model, bias=bias)
         self.qk_norm = qk_norm
         self.rotary = rotary

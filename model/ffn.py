@@ -35,8 +35,9 @@ class FeedForward(nn.Module):
         super().__init__()
         self.gated = kind == "swiglu"
         self.activation = ACTIVATIONS[kind]
-        # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split.
+        # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split (stacked_rows: as in attention.py).
         self.w_in = nn.Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
+        self.w_in.stacked_rows = (2 if self.gated else 1) * [d_ff]
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

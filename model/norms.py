@@ -1,4 +1,4 @@
-"""Normalisation layers, over the last (feature) dimension of x: [batch, seq, d_model].
+"""Normalisation layers, over the last (feature) dimension of x: [batch, seq, d_model] (QK-norm: [B, H, T, D]).
 
 RMSNorm (LLaMA):     y = x / sqrt(mean(x^2) + eps) * gamma              gamma: [d_model]
 LayerNorm (2017):    y = (x - mean(x)) / sqrt(var(x) + eps) * gamma + beta

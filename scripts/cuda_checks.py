@@ -1,8 +1,8 @@
 """The CUDA path's checks, run by scripts/gpu_check.sh on a machine with a GPU (the CPU suite cannot run them).
 
 Each check prints one line and raises on failure:
-- bf16 autocast training steps (train.py's loss, fused AdamW, as training/optim.py builds it) stay finite
-  and lower the loss on a repeated batch;
+- bf16 autocast training steps (train.py's loss; fused AdamW, and Muon + AdamW, as training/optim.py builds
+  them) stay finite and lower the loss on a repeated batch;
 - the forward pass under autocast matches the fp32 CPU forward of the same weights to bf16's precision;
 - sdpa on CUDA picks a fused kernel (flash or memory-efficient), not the math fallback;
 - cached greedy decoding on CUDA gives the tokens of recomputation without the cache.
@@ -42,19 +42,22 @@ def main():
         torch.nn.functional.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
     print("sdpa: a fused kernel (flash or memory-efficient) runs GQA with is_causal")
 
-    optimizer = make_optimizer(model, compose_config([]).train)
-    assert all(group.get("fused") for group in optimizer.param_groups), "AdamW is not fused"
     batch = tokens.to(cuda)
-    losses = []
-    for _ in range(20):
-        with autocast_for(cuda):
-            loss = next_token_loss(model, batch[:, :-1], batch[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 1, losses
-    print(f"bf16 training, fused AdamW: loss {losses[0]:.3f} -> {losses[-1]:.3f} in 20 steps on one batch")
+    for optim in ("adamw", "muon"):  # muon: training/muon.py's Newton-Schulz on CUDA, AdamW (fused) for the rest
+        model.load_state_dict(cpu_model.state_dict())
+        optimizer = make_optimizer(model, compose_config([f"optim={optim}"]).train)
+        fused = optimizer.param_groups if optim == "adamw" else optimizer.adamw.param_groups
+        assert all(group.get("fused") for group in fused), "AdamW is not fused"
+        losses = []
+        for _ in range(20):
+            with autocast_for(cuda):
+                loss = next_token_loss(model, batch[:, :-1], batch[:, 1:])
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0] - 1, losses
+        print(f"bf16 training, optim={optim}: loss {losses[0]:.3f} -> {losses[-1]:.3f} in 20 steps on one batch")
 
     engine, prompt = Engine(model.eval()), [[1, 2, 3, 4]]
     with autocast_for(cuda):

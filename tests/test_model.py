@@ -92,6 +92,9 @@ def test_rmsnorm_backward_equals_finite_differences_and_autograd():
         return torch.randn(*shape, dtype=dtype, generator=generator).requires_grad_()
 
     assert torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5), (draw(2, 3, 16), draw(16)))
+    # QK-norm's input: heads [B, H, T, D], a transposed, non-contiguous view of the projection's [B, T, H, D]
+    heads = draw(2, 5, 3, 8).transpose(1, 2)
+    assert torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-5), (heads, draw(8)))
 
     x, grad = draw(4, 32, 128), torch.randn(4, 32, 128, generator=generator, dtype=torch.float64)
     ours, reference = far_from_init(RMSNorm(128)).double(), torch.nn.RMSNorm(128, eps=1e-5).double()

@@ -81,6 +81,56 @@ def test_a_muon_step_is_an_orthogonalised_update_at_adamws_rms():
     assert move.square().mean().sqrt().item() == pytest.approx(0.2 * lr, rel=0.25)
 
 
+@pytest.mark.parametrize("ffn", ["swiglu", "relu2"])
+def test_muon_orthogonalises_each_stacked_matrix_on_its_own(ffn):
+    """[Wq; Wk; Wv] ([64 + 16 + 16, 64], GQA) and SwiGLU's [W1; W3] get gradients of scales 1, 1e-3 and 1e3 per
+    matrix, each with singular values spread over [1, 4] x its scale. Muon moves each as a matrix of its own:
+    singular values near lr 0.2 sqrt(max(A_i, B)) for its own rows A_i, whatever its gradient's scale (the band
+    of the test above). Orthogonalised whole, the 1e-3 matrix's move would be ~1e-3 of that, the 1e3 one's
+    would take the whole step."""
+    generator = torch.Generator().manual_seed(0)
+
+    def gradient(a: int, b: int, scale: float) -> torch.Tensor:  # U diag(s) V^T, s from 1 to 4
+        u, v = (torch.linalg.qr(torch.randn(n, min(a, b), generator=generator, dtype=torch.float64))[0] for n in (a, b))
+        return scale * u @ torch.diag(torch.linspace(1, 4, min(a, b), dtype=torch.float64)) @ v.T
+
+    model = Transformer(ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=1, context_length=8,
+                                    ffn=ffn)).double()
+    lr = 0.01
+    optimizer = make_optimizer(model, train_settings(optimizer="muon", lr=lr, muon_lr=lr, weight_decay=0.0))
+    qkv, w_in = model.blocks[0].attn.qkv.weight, model.blocks[0].ffn.w_in.weight
+    stacks = {qkv: [64, 16, 16], w_in: [256] if ffn == "relu2" else [192, 192]}  # d_ff: 4 d; 8/3 d up to 32s
+    before = {}
+    for w, rows in stacks.items():
+        w.grad = torch.cat([gradient(a, 64, scale) for a, scale in zip(rows, [1.0, 1e-3, 1e3])])
+        before[w] = w.detach().clone()
+    optimizer.step()
+    for w, rows in stacks.items():
+        for a, move in zip(rows, (before[w] - w.detach()).split(rows)):
+            singular = torch.linalg.svdvals(move) / (lr * 0.2 * max(a, 64) ** 0.5)
+            assert 0.6 < singular.min() and singular.max() < 1.25, (a, singular)
+
+
+def test_a_checkpoint_of_torchs_muon_resumes_with_its_momentum():
+    """Runs trained before training/muon.py used torch.optim.Muon: its state loads into ours, momentum and all."""
+    model = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=2, context_length=8))
+    ours = make_optimizer(model, train_settings(optimizer="muon", lr=0.01, muon_lr=0.02, weight_decay=0.1)).muon
+    theirs = torch.optim.Muon(ours.param_groups[0]["params"], lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for _ in range(2):
+        model(torch.randint(0, 64, (2, 8))).logsumexp(-1).mean().backward()
+        theirs.step()
+    ours.load_state_dict(theirs.state_dict())
+    momenta = [ours.state[w]["momentum_buffer"] for w in ours.param_groups[0]["params"]]
+    assert len(momenta) == 4 and all(torch.equal(m, theirs.state[w]["momentum_buffer"])
+                                     for m, w in zip(momenta, theirs.param_groups[0]["params"]))
+    before = [m.clone() for m in momenta]
+    ours.step()  # continues from the loaded momentum: 0.95 M + 0.05 G
+    for m, old, w in zip(momenta, before, ours.param_groups[0]["params"]):
+        # lerp's m + 0.05 (g - m) rounds apart from 0.95 m + 0.05 g by a few float32 ulps of the larger of the two
+        scale = torch.maximum(old.abs(), w.grad.abs()).max()
+        assert torch.allclose(m, 0.95 * old + 0.05 * w.grad, rtol=0, atol=1e-6 * scale.item())
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_resumed_optimizer_continues_bit_for_bit(optimizer, tmp_path, tokenizer_file):
     """Three steps, a checkpoint, three more in a fresh model and optimizer loaded from it: the same weights as six

@@ -2,6 +2,7 @@
 
 config.py       train.* range checks, gradient accumulation arithmetic, device and precision, the model config
 optim.py        AdamW or Muon + AdamW (optim=muon): the parameter groups (which decay, which Muon takes), the lr schedule
+muon.py         Muon: orthogonalised momentum for weight matrices, each matrix stacked in one weight on its own
 evaluate.py     the next-token loss; val loss, perplexity and bits per byte
 state.py        resumable checkpoints (train_state.pt) and the per-step batch generator
 budget.py       train.time_budget: the duration, the reserve for the run's end (at most a quarter), the last step that fits

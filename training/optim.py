@@ -1,16 +1,10 @@
 """The optimizer (train.optimizer, the `optim` group) and the learning-rate schedule.
 
 adamw: AdamW with decoupled weight decay on the weight matrices only, at train.lr.
-muon:  Muon (Jordan et al. 2024) for the blocks' weight matrices, at train.muon_lr, and AdamW as above for the
+muon:  Muon (training/muon.py) for the blocks' weight matrices, at train.muon_lr, and AdamW as above for the
        rest (the token embedding and the LM head tied to it, norms' gains, biases), at train.lr: the split of
-       nanochat and modded-nanogpt. Muon keeps a momentum M <- 0.95 M + 0.05 G of each matrix's gradient G and
-       steps along the orthogonalised form of the Nesterov blend N = 0.95 M + 0.05 G: the nearest semi-orthogonal
-       matrix U V^T (N = U S V^T), which five Newton-Schulz iterations approximate with matmuls (torch.optim.Muon):
-           W <- W (1 - lr wd) - lr 0.2 sqrt(max(A, B)) NS5(N)          W: [A, B]
-       NS5(N) has rms ~ 1 / sqrt(max(A, B)), so the factor 0.2 sqrt(max(A, B)) (Liu et al. 2025, "Muon is
-       scalable") gives the update AdamW's typical rms of 0.2 lr: train.lr's scale fits Muon too. The stacked
-       matrices ([Wq; Wk; Wv], SwiGLU's [W1; W3]) are orthogonalised whole, as they are one matmul here; nanochat
-       and modded-nanogpt orthogonalise q, k and v apart (separate layers), so this Muon couples their updates.
+       nanochat and modded-nanogpt. Muon's update has AdamW's typical rms, so train.lr's scale fits it too.
+       Each of the matrices stacked in one weight (Wq, Wk, Wv; W1, W3) is orthogonalised on its own.
 
 Decayed: the weights of every nn.Linear and nn.Embedding (the attention and FFN projections, the
 token embedding and the LM head tied to it). Not decayed: norm gains and biases, linear biases and
@@ -31,25 +25,27 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from training.muon import Muon
+
 
 OPTIMIZERS = ("adamw", "muon")
 
 
 def make_optimizer(model: nn.Module, train: DictConfig) -> "torch.optim.Optimizer | MuonAdamW":
-    muon = block_matrices(model) if train.optimizer == "muon" else []
-    taken = {id(p) for p in muon}
-    adamw = adamw_for([p for p in model.parameters() if id(p) not in taken], model, train)
+    muon = block_matrices(model) if train.optimizer == "muon" else {}
+    adamw = adamw_for([p for p in model.parameters() if p not in muon], model, train)
     if not muon:
         return adamw
-    matrices = torch.optim.Muon(muon, lr=train.muon_lr, weight_decay=train.weight_decay,
-                                adjust_lr_fn="match_rms_adamw")
+    matrices = Muon(muon, lr=train.muon_lr, weight_decay=train.weight_decay)
     matrices.param_groups[0]["lr_scale"] = train.muon_lr / train.lr  # the schedule is train.lr's shape: set_lr
     return MuonAdamW(matrices, adamw)
 
 
-def block_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """The weight matrices of the blocks' linear layers (attention's and the FFN's projections): Muon's."""
-    return [m.weight for block in model.blocks for m in block.modules() if isinstance(m, nn.Linear)]
+def block_matrices(model: nn.Module) -> dict[nn.Parameter, list[int]]:
+    """The weights of the blocks' linear layers (attention's and the FFN's projections), Muon's, each with the
+    row counts of the matrices stacked in it (the layer's stacked_rows; one matrix if it has none)."""
+    return {m.weight: getattr(m, "stacked_rows", [m.out_features])
+            for block in model.blocks for m in block.modules() if isinstance(m, nn.Linear)}
 
 
 def adamw_for(params: list[nn.Parameter], model: nn.Module, train: DictConfig) -> torch.optim.AdamW:
@@ -63,7 +59,7 @@ def adamw_for(params: list[nn.Parameter], model: nn.Module, train: DictConfig) -
 class MuonAdamW:
     """Muon's matrices and AdamW's rest, stepped, zeroed, saved and loaded as one optimizer."""
 
-    def __init__(self, muon: torch.optim.Muon, adamw: torch.optim.AdamW):
+    def __init__(self, muon: Muon, adamw: torch.optim.AdamW):
         self.muon, self.adamw = muon, adamw
 
     @property
