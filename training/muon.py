@@ -46,14 +46,16 @@ class Muon(torch.optim.Optimizer):
         self.rows = rows
 
     @torch.no_grad()
-    def step(self) -> None:
+    def step(self) -> None:  # no closure: train.py computes the loss before stepping, as for AdamW
         for group in self.param_groups:
             lr, decay, beta = group["lr"], group["weight_decay"], group["momentum"]
             for w in group["params"]:
                 if w.grad is None:
                     continue
                 state = self.state[w]
-                if "momentum_buffer" not in state:  # torch.optim.Muon's name: its checkpoints resume
+                # torch.optim.Muon's name: a run saved with it (optim=muon before this file) resumes with its
+                # momentum, and goes on with this update (its other settings were always the defaults here)
+                if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(w)
                 momentum = state["momentum_buffer"].lerp_(w.grad, 1 - beta)
                 blend = w.grad.lerp(momentum, beta)
