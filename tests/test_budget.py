@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from data_helpers import metrics, summary, train_in_process
 from errors import ConfigError
 from training import evaluate as evaluation, horizon
-from training.budget import SAMPLE_S_PER_TOKEN, TimeBudget, parse_duration
+from training.budget import SAMPLE_S_PER_TOKEN, TimeBudget, overrun_reason, parse_duration
 from training.horizon import Horizon
 from training.optim import lr_at
 from settings import CONFIG_DIR
@@ -218,6 +218,13 @@ def test_an_end_dearer_than_a_quarter_of_the_budget_runs_past_it_and_says_so(wor
     assert capsys.readouterr().err.splitlines()[-1].startswith(
         "notice: the run's end (eval 1.0 s, sample 0.0 s, ckpt 0.0 s) went 0.4 s past train.time_budget=3 s: the "
         "end's reserve is at most 25% of the budget (training/budget.py)")
+
+
+def test_an_overrun_is_put_down_to_the_cap_only_when_the_end_costs_more_than_it():
+    # a 60 s budget caps the reserve at 15 s: an end of 15.5 s could not have fitted; one of 14.5 s had its reserve
+    assert overrun_reason({"eval": 10.0, "sample": 5.0, "ckpt": 0.5}, 60) == (
+        "the end's reserve is at most 25% of the budget")
+    assert overrun_reason({"eval": 10.0, "sample": 4.0, "ckpt": 0.5}, 60) == "the end took longer than its reserve"
 
 
 def test_a_resumed_budgeted_run_ends_when_the_whole_budget_is_spent(resumed):

@@ -54,6 +54,17 @@ def parse_duration(setting: str | None) -> float | None:
     return seconds
 
 
+def reserve_cap(seconds: float) -> float:
+    """The most of a budget of `seconds` the end's reserve may take from the steps."""
+    return MAX_RESERVE_SHARE * seconds
+
+
+def overrun_reason(end_costs: dict[str, float], seconds: float) -> str:
+    """Why a budgeted run whose end cost end_costs went past its budget of `seconds`."""
+    if sum(end_costs.values()) > reserve_cap(seconds):
+        return f"the end's reserve is at most {MAX_RESERVE_SHARE:.0%} of the budget"
+    return "the end took longer than its reserve"
+
 class TimeBudget:
     def __init__(self, seconds: float, sample_tokens: int, eval_per_step: float, num_params: int):
         self.seconds = seconds
@@ -81,7 +92,7 @@ class TimeBudget:
     def reserve(self) -> float:
         """What the end costs after the last step (an eval, a sample and a checkpoint), at most a quarter of the
         budget."""
-        return min(sum(self.costs.values()), MAX_RESERVE_SHARE * self.seconds)
+        return min(sum(self.costs.values()), reserve_cap(self.seconds))
 
     @property
     def for_steps(self) -> float:

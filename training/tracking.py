@@ -25,7 +25,7 @@ from tqdm import tqdm
 from errors import ConfigError
 from settings import CONFIG_DIR
 from storage.files import atomic_symlink, atomic_write, write_json
-from training.budget import MAX_RESERVE_SHARE
+from training.budget import overrun_reason
 
 WANDB_MODES = ("online", "offline", "disabled")
 
@@ -201,11 +201,7 @@ class Tracker:
             self.wandb_run.finish()
         print(early_line or end_of_run_line(self.name, progress, meter, self.reference_tokens_per_s), file=sys.stderr)
         if "over_budget_s" in horizon:
-            costs = horizon["end_costs_s"]
-            # either the end costs more than the reserve may take, or it took longer than it had before
-            why = (f"the end's reserve is at most {MAX_RESERVE_SHARE:.0%} of the budget"
-                   if sum(costs.values()) > MAX_RESERVE_SHARE * horizon["time_budget_s"]
-                   else "the end took longer than its reserve")
+            costs, budget = horizon["end_costs_s"], horizon["time_budget_s"]
             print(f"notice: the run's end ({', '.join(f'{what} {s:.1f} s' for what, s in costs.items())}) went "
-                  f"{horizon['over_budget_s']:.1f} s past train.time_budget={horizon['time_budget_s']:g} s: {why} "
-                  f"(training/budget.py)", file=sys.stderr)
+                  f"{horizon['over_budget_s']:.1f} s past train.time_budget={budget:g} s: "
+                  f"{overrun_reason(costs, budget)} (training/budget.py)", file=sys.stderr)
