@@ -83,23 +83,25 @@ def switches_unlike(cfg: ModelConfig, arch: Architecture) -> list[str]:
     return [f"model.{key}={getattr(cfg, key)}" for key, value in arch.switches.items() if getattr(cfg, key) != value]
 
 
-def _weight_names(cfg: ModelConfig) -> dict[str, list[tuple[str, int]]]:
-    """Our parameter name -> the transformers names whose rows it stacks, with their row counts."""
-    D, F = cfg.head_dim, cfg.d_ff
+def _weight_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
+    """Our parameter name -> the transformers names whose rows it stacks, with their row counts (a stacked
+    layer's stacked_rows: model/attention.py, model/ffn.py)."""
+    cfg = model.cfg
+    D = cfg.head_dim
     names = {"tok_emb.weight": [("model.embed_tokens.weight", cfg.vocab_size)],
              "final_norm.weight": [("model.norm.weight", cfg.d_model)]}
-    for i in range(cfg.n_layers):
+    for i, block in enumerate(model.blocks):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         names[ours + "attn_norm.weight"] = [(theirs + "input_layernorm.weight", cfg.d_model)]
-        names[ours + "attn.qkv.weight"] = [(theirs + "self_attn.q_proj.weight", cfg.n_heads * D),
-                                           (theirs + "self_attn.k_proj.weight", cfg.n_kv_heads * D),
-                                           (theirs + "self_attn.v_proj.weight", cfg.n_kv_heads * D)]
+        names[ours + "attn.qkv.weight"] = list(zip([theirs + f"self_attn.{x}_proj.weight" for x in "qkv"],
+                                                   block.attn.qkv.stacked_rows, strict=True))
         if cfg.qk_norm == "rmsnorm":
             names[ours + "attn.qk_norm.q_norm.weight"] = [(theirs + "self_attn.q_norm.weight", D)]
             names[ours + "attn.qk_norm.k_norm.weight"] = [(theirs + "self_attn.k_norm.weight", D)]
         names[ours + "attn.out.weight"] = [(theirs + "self_attn.o_proj.weight", cfg.d_model)]
         names[ours + "ffn_norm.weight"] = [(theirs + "post_attention_layernorm.weight", cfg.d_model)]
-        names[ours + "ffn.w_in.weight"] = [(theirs + "mlp.gate_proj.weight", F), (theirs + "mlp.up_proj.weight", F)]
+        names[ours + "ffn.w_in.weight"] = list(zip([theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"],
+                                                   block.ffn.w_in.stacked_rows, strict=True))
         names[ours + "ffn.w_out.weight"] = [(theirs + "mlp.down_proj.weight", cfg.d_model)]
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = [("lm_head.weight", cfg.vocab_size)]
@@ -174,7 +176,7 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, split into their separate matrices."""
     ours = model.state_dict()
     out = {}
-    for name, parts in _weight_names(model.cfg).items():
+    for name, parts in _weight_names(model).items():
         pieces = ours[name].split([rows for _, rows in parts], dim=0)
         out.update({hf_name: piece.detach().contiguous().cpu() for (hf_name, _), piece in zip(parts, pieces)})
     return out
@@ -266,7 +268,7 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
 
 def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) -> None:
     """Copy transformers-named weights into the model, checking that every name and shape matches."""
-    names = _weight_names(model.cfg)
+    names = _weight_names(model)
     # Older transformers saved the RoPE frequencies; ours are recomputed from rope_base. A tied
     # checkpoint may still store lm_head.weight: transformers ignores it, and so do we.
     expected = {hf_name for parts in names.values() for hf_name, _ in parts}
