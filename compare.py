@@ -4,9 +4,13 @@
 
 Each DIR is a run dir or any folder above run dirs (a multirun dir); a run dir is a folder
 holding the metrics.jsonl or config.yaml that train.py writes. Runs are grouped into variants:
-runs whose resolved configs are equal apart from train.seed and what only changes how a run is logged or
-run (NOT_COMPARED: wandb.*, train.threads, latest_link) are seeds of one variant. A variant is named by its
-config's `variant` key (the ablation sets it), else by the settings in which it differs from the other variants.
+runs of one sweep (a multirun's dir: train.py -m, a sweep.py study; or runs of their own) whose resolved
+configs are equal apart from train.seed and what only changes how a run is logged or run (NOT_COMPARED:
+wandb.*, train.threads, train.resume, latest_link) are seeds of one variant; two sweeps of one config stay two variants.
+A variant is named by its config's `variant` key (the ablation sets it), else by the settings in which it
+differs from what most variants have (`model.norm=layernorm`, `train.lr=0.003`; a setting the variants split
+on evenly names each of them), else by where its runs are (its sweep dir or run dir, relative to the others'),
+which is also added to a name that several variants share.
 
 Per variant: final val loss and val bpb as mean ± sample std over its complete runs (n), and
 the difference in bpb from the baseline variant (--baseline), which counts as beyond seed noise when
@@ -32,8 +36,10 @@ completed: a NaN loss, a signal) is reported as incomplete and left out of the m
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,10 +48,11 @@ from omegaconf import OmegaConf
 
 from errors import UsageError
 from settings import flatten
-from storage.files import atomic_write, write_json
+from storage.files import atomic_write, write_json, writing
+from training.multirun import RECORDS
 
 # settings that change how a run is logged, how many cores it used, where its link is: not what it trains
-NOT_COMPARED = ("wandb.", "train.threads", "latest_link")
+NOT_COMPARED = ("wandb.", "train.threads", "train.resume", "latest_link")
 SEED = ("train.seed",)
 LEARNING_RATE = ("train.lr", "train.min_lr")  # what a learning-rate sweep varies within one variant
 
@@ -118,33 +125,61 @@ def load_run(run_dir: Path) -> Run:
 
 
 def variant_key(run: Run, ignored: tuple[str, ...]) -> str:
+    """What makes a variant: the run's sweep and its settings, less NOT_COMPARED and the `ignored` keys."""
     flat = {k: v for k, v in flatten(run.config).items() if not k.startswith(NOT_COMPARED)}
     if "train.lr" in ignored and flat.get("train.muon_lr") is not None:
         # a sweep's Muon lr moves with train.lr (optim=muon's default): the variant is their ratio, not the value
         flat["train.muon_lr"] = flat["train.muon_lr"] / flat["train.lr"]
     for key in ignored:
         flat.pop(key, None)
-    return json.dumps(flat, sort_keys=True, default=str) if run.config else str(run.path)
+    return json.dumps([str(sweep_of(run.path)), flat], sort_keys=True, default=str) if run.config else str(run.path)
+
+
+def sweep_of(run_dir: Path) -> Path | None:
+    """The multirun a run is a job of (train.py -m, a sweep.py study): the nearest dir above it that holds a
+    multirun's records (training/multirun.py), else None for a run of its own. Two sweeps of one config are two
+    sets of runs, not seeds of one: each may hold a seed 0."""
+    return next((folder for folder in run_dir.resolve().parents if (folder / RECORDS).is_dir()), None)
 
 
 def group_runs(runs: list[Run], ignored: tuple[str, ...] = SEED) -> list[Variant]:
-    """Runs whose configs are equal apart from the `ignored` keys (and NOT_COMPARED) form one variant."""
+    """Runs of one sweep (or runs of their own) whose configs are equal apart from the `ignored` keys (and
+    NOT_COMPARED) form one variant."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         groups.setdefault(variant_key(run, ignored), []).append(run)
-    flats = [flatten(group[0].config) for group in groups.values()]
+    return [Variant(name, group) for name, group in zip(variant_names(list(groups.values()), ignored), groups.values())]
+
+
+def variant_names(groups: list[list[Run]], ignored: tuple[str, ...]) -> list[str]:
+    """Each variant's name: its config's `variant` key, else the settings in which it differs from what most
+    variants have (a setting they split on evenly names every variant), else where its runs are (its sweep dir,
+    or its run dir). A name that several variants share (two sweeps of one config) gets where each is added."""
+    flats = [{k: v for k, v in flatten(group[0].config).items()
+              if k not in ("variant", *ignored) and not k.startswith(NOT_COMPARED)} for group in groups]
     named = [flat for flat in flats if flat]
-    differing = sorted({k for flat in named for k in flat
-                        if len({json.dumps(f.get(k), default=str) for f in named}) > 1
-                        and k not in ("variant", *ignored) and not k.startswith(NOT_COMPARED)})
-    variants = []
-    for group, flat in zip(groups.values(), flats):
-        if not flat:  # no config to name it by
-            name = str(group[0].path)
+    differing, usual = [], {}  # usual: a setting's value when more than half of the variants have it
+    for key in sorted({k for flat in named for k in flat}):
+        counts = Counter(json.dumps(flat.get(key), default=str) for flat in named).most_common()
+        if len(counts) > 1:
+            differing.append(key)
+            if counts[0][1] > len(named) / 2:
+                usual[key] = counts[0][0]
+    names = [group[0].config.get("variant") or ", ".join(
+        f"{key}={flat.get(key)}" for key in differing if json.dumps(flat.get(key), default=str) != usual.get(key))
+        for group, flat in zip(groups, flats)]
+    places = [sweep_of(group[0].path) or group[0].path.resolve() for group in groups]
+    common = Path(os.path.commonpath(places)) if places else None
+    labels = []
+    for group, name, place in zip(groups, names, places):
+        where = str(place.relative_to(common)) if place != common else place.name
+        if not group[0].config:  # nothing to name it by but its path
+            labels.append(str(group[0].path))
+        elif not name:  # no setting of its own: the runs that hold what the others share, or a sweep like another
+            labels.append(where)
         else:
-            name = flat.get("variant") or ", ".join(f"{k}={flat.get(k)}" for k in differing) or group[0].path.name
-        variants.append(Variant(name, group))
-    return variants
+            labels.append(name if names.count(name) == 1 else f"{name} ({where})")
+    return labels
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -384,9 +419,15 @@ def lr_plot(lines: list[LRLine], init: float, unigram: float | None, path: Path)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    save_png(fig, path)
     plt.close(fig)
+
+
+def save_png(fig, path: Path) -> None:
+    """The figure as a PNG in path (its folder made if missing), replacing it whole or not at all."""
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
 
 
 def bpb_curve(variant: Variant, x: str) -> tuple[list[float], list[float], list[float], list[float]]:
@@ -442,8 +483,7 @@ def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
     for ax in (whole, tail):
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))
+    save_png(fig, path)
     plt.close(fig)
 
 
@@ -499,14 +539,15 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
         lr_plot(lines, init, unigram, args.lr_plot)
         print(f"plot (final val bpb vs learning rate): {args.lr_plot}")
     if args.json:
-        write_json(args.json, {"grid": grid, "init_bpb": init, "unigram_val_bpb": unigram, "trains_margin": margin,
-                               "variants": {line.name: {
-                                   "best_lr": line.best_lr, "lr_sensitivity": line.sensitivity,
-                                   "largest_lr_that_trains": trains[line.name],
-                                   "grid_that_trains": grid_trains[line.name],
-                                   "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
-                                   "diverged": sorted(line.diverged),
-                                   "best_lr_val_bpb": line.best.final("val_bpb")} for line in lines}})
+        numbers = {"grid": grid, "init_bpb": init, "unigram_val_bpb": unigram, "trains_margin": margin,
+                   "variants": {line.name: {
+                       "best_lr": line.best_lr, "lr_sensitivity": line.sensitivity,
+                       "largest_lr_that_trains": trains[line.name], "grid_that_trains": grid_trains[line.name],
+                       "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
+                       "diverged": sorted(line.diverged),
+                       "best_lr_val_bpb": line.best.final("val_bpb")} for line in lines}}
+        with writing(args.json):
+            write_json(args.json, numbers)
         print(f"numbers: {args.json}")
 
 
@@ -563,18 +604,20 @@ def compare(argv) -> None:
     if sweep is None and (args.lr_plot or args.json):
         raise UsageError(f"--lr-plot/--json need a learning-rate sweep, but no variant in "
                          f"{' '.join(map(str, args.dirs))} has runs at more than one train.lr")
-    if sweep is None:
-        report_comparison(group_runs(runs), args.baseline, args)
-    else:
-        report_lr_sweep(runs, sweep, args.baseline, args.trains_margin, args)
-    note = unequal_training_note(runs)
-    if note:
-        print(f"\n{note}")
-    incomplete = [r for r in runs if r.problem]
-    if incomplete:
-        print("\nincomplete runs, left out of the means:")
-        for run in incomplete:
-            print(f"- {run.path}: {run.problem}")
+    try:
+        if sweep is None:
+            report_comparison(group_runs(runs), args.baseline, args)
+        else:
+            report_lr_sweep(runs, sweep, args.baseline, args.trains_margin, args)
+    finally:  # a plot or JSON that cannot be written: what was read is printed whole, then the error line
+        note = unequal_training_note(runs)
+        if note:
+            print(f"\n{note}")
+        incomplete = [r for r in runs if r.problem]
+        if incomplete:
+            print("\nincomplete runs, left out of the means:")
+            for run in incomplete:
+                print(f"- {run.path}: {run.problem}")
 
 
 if __name__ == "__main__":

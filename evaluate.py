@@ -2,35 +2,54 @@
 
     python evaluate.py --ckpt outputs/<date>/<time> --lengths 128,256,512,1024 --json lengths.json
     python evaluate.py --ckpt RUN --lengths 512 --rope-scaling yarn --rope-factor 4 --stride 64
+    python evaluate.py --ckpt RUN --lengths 128 --mode training     # training's eval set: the run's last val bpb
 
 For each length L and mode (chunked, sliding; both by default), the val bits per byte over the scored tokens and
 per bucket of positions inside the window (insight/lengths.py says what each mode scores). The val split is the
 run's own (its config.yaml's data settings, the token cache training used); every length scores the same first
---max-tokens of it. --rope-scaling and --rope-factor read the weights under a RoPE scaling (model/rope_scaling.py),
-the checkpoint's context as the original one. Writes --json (the results) and a figure of bpb against position
-(--plot, default: the JSON's name with .png). docs/long_context.md has the study this serves.
+--max-tokens of it, except --mode training, which scores training's own eval windows (train.eval_tokens // L of
+them, spread over the whole split) as train.py does, under its autocast (bf16 on CUDA). --rope-scaling and
+--rope-factor read the weights under a RoPE scaling (model/rope_scaling.py), the checkpoint's context as the
+original one. Writes --json (the results) and a figure of bpb against position (--plot, default: the JSON's name
+with .png), each whole or not at all. docs/long_context.md has the study this serves.
+
+It prints the run dir it loaded (resolved: outputs/latest's target, not the link). Bad input is one `error:` line
+and exit 2 before any scoring: a length longer than the split, sizes whose position tables and logits would not
+fit in memory, an output path no write could succeed at. A write that fails anyway (a full disk) prints the
+results to stdout first, then its `error: cannot write <file>: <reason>` line.
 """
 from __future__ import annotations
 
+import errno
+import json
+import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
+
 from cli import Parser
-from errors import UsageError
+from errors import ConfigError, UsageError
+from generation.memory import memory_shortfall
 from insight.figures import loss_by_position, png
-from insight.lengths import MODES, run_val_split, score
-from interop.load import load_model
+from insight.lengths import MODES, run_config, run_val_split, score, window_count
+from interop.load import load_model, loaded_line
+from model.positions import table_bytes
 from model.rope_scaling import SCALINGS
 from storage.checkpoint import check_vocab
-from storage.files import write_bytes, write_json
+from storage.files import atomic_write, write_json, writing
+from training.config import autocast_for, eval_window_count
+
+BOTH = ("chunked", "sliding")
 
 
 def parse_args(argv: list[str] | None):
     parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, help="a run dir or its ckpt/ dir (the run's config.yaml names its data)")
     parser.add_argument("--lengths", required=True, help="window lengths in tokens, comma-separated: 128,256,512")
-    parser.add_argument("--mode", choices=(*MODES, "both"), default="both")
+    parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="both: chunked and sliding")
     parser.add_argument("--stride", type=int, help="the sliding window's step, at most the length (default: L / 2)")
     parser.add_argument("--bucket", type=int, help="positions per bucket (default: the trained context / 4)")
     parser.add_argument("--rope-scaling", choices=SCALINGS, help="read RoPE's weights under this scaling")
@@ -59,7 +78,29 @@ def parse_args(argv: list[str] | None):
         raise UsageError("--rope-scaling and --rope-factor go together: e.g. --rope-scaling yarn --rope-factor 4")
     if max(args.lengths) + 1 > args.max_tokens:
         raise UsageError(f"--max-tokens={args.max_tokens} holds no window of {max(args.lengths)} tokens")
+    args.modes = BOTH if args.mode == "both" else (args.mode,)
+    args.plot = args.plot or (args.json.with_suffix(".png") if args.json else None)
+    for path in (args.json, args.plot):
+        if path is not None:
+            check_writable(path)
     return args
+
+
+def check_writable(path: Path) -> None:
+    """Refuses, before minutes of scoring, a path no write can succeed at: a directory, or a parent that is
+    missing, not a directory or not writable (a full disk only shows at the write itself)."""
+    parent = path.parent
+    if path.is_dir():
+        reason = errno.EISDIR
+    elif not parent.exists():
+        reason = errno.ENOENT
+    elif not parent.is_dir():
+        reason = errno.ENOTDIR
+    elif not os.access(parent, os.W_OK):
+        reason = errno.EACCES
+    else:
+        return
+    raise UsageError(f"cannot write {path}: {os.strerror(reason)}")  # the OS's own words for the same failure
 
 
 def evaluate(args) -> dict:
@@ -67,42 +108,77 @@ def evaluate(args) -> dict:
     check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
     if args.rope_scaling:
         model = model.with_rope_scaling(args.rope_scaling, args.rope_factor or 1.0)
-    model.fit_positions(max(args.lengths))  # a learned table past its rows: one error line before any work
     try:
         val, bytes_per_token = run_val_split(ckpt_dir)
+        train = run_config(ckpt_dir).train
     except UsageError as e:
         raise UsageError(f"--ckpt {args.ckpt}: {e}") from None
     stream = val[:args.max_tokens]
-    if len(stream) < max(args.lengths) + 1:
-        raise UsageError(f"the val split has {len(stream)} tokens, fewer than a window of {max(args.lengths)} + 1")
     cfg = model.cfg
+    windows = {(length, mode): checked_window_count(args, len(stream), len(val), train, length, mode)
+               for length in args.lengths for mode in args.modes}
+    # What scoring allocates at least, before any of it is: the position tables, and one batch's logits with the
+    # log-softmax cross_entropy makes of them (fp32, B x L x V each)
+    length, batch = max(((n, min(args.batch_size, count)) for (n, _), count in windows.items()),
+                        key=lambda nb: nb[0] * nb[1])
+    needs = {"the position tables": table_bytes(cfg, max(args.lengths)),
+             "one batch's logits and log-probabilities": 2 * batch * length * cfg.vocab_size * 4}
+    if shortfall := memory_shortfall(needs, args.device):
+        raise UsageError(f"--lengths={max(args.lengths)} at --batch-size={args.batch_size} {shortfall}")
+    model.fit_positions(max(args.lengths))  # a learned table past its rows: one error line before any work
+    print(loaded_line(ckpt_dir), flush=True)
     bucket = args.bucket or max(1, cfg.original_context // 4)
-    modes = MODES if args.mode == "both" else (args.mode,)
     results = []
-    for length in args.lengths:
-        for mode in modes:
-            results.append(score(model, stream, length, mode, args.stride or max(1, length // 2), bucket,
-                                 bytes_per_token, args.batch_size))
-            print(f"length {length:>6} {mode:<8} val bpb {results[-1]['val_bpb']:.4f} "
-                  f"({results[-1]['tokens']:,} tokens)", flush=True)
+    for (length, mode), count in windows.items():
+        results.append(score(model, val if mode == "training" else stream, length, mode, stride(args, length),
+                             bucket, bytes_per_token, args.batch_size, count))
+        print(f"length {length:>6} {mode:<8} val bpb {results[-1]['val_bpb']:.4f} "
+              f"({results[-1]['tokens']:,} tokens)", flush=True)
     return {"ckpt": str(ckpt_dir), "context_length": cfg.context_length, "original_context": cfg.original_context,
             "position": cfg.position, "rope_scaling": cfg.rope_scaling, "rope_factor": cfg.rope_factor,
             "val_tokens": len(stream), "bytes_per_token": bytes_per_token, "results": results}
 
 
+def checked_window_count(args, n_stream: int, n_val: int, train: DictConfig, length: int, mode: str) -> int:
+    """The windows `mode` scores at `length` (the training mode's: the run's train.eval_tokens // length, as
+    train.py counts them); a UsageError naming --lengths when the split holds none."""
+    if mode == "training":
+        if length + 1 <= n_val:
+            with suppress(ConfigError):  # train.eval_tokens shorter than one window
+                return eval_window_count(train, length)
+        raise UsageError(f"--lengths={length} --mode training: training's eval set, train.eval_tokens="
+                         f"{train.eval_tokens} tokens of a val split of {n_val:,}, holds no window of {length}")
+    if length + 1 > n_stream:
+        raise UsageError(f"--lengths={length}: the val split's first --max-tokens={args.max_tokens} hold "
+                         f"{n_stream:,} tokens, fewer than a window of {length:,} + 1")
+    return window_count(n_stream, length, mode, stride(args, length))
+
+
+def stride(args, length: int) -> int:
+    return args.stride or max(1, length // 2)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
-        with torch.no_grad():
+        with torch.no_grad(), autocast_for(torch.device(args.device)):  # training's eval precision
             result = evaluate(args)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    plot = args.plot or (args.json.with_suffix(".png") if args.json else None)
-    if args.json:
-        write_json(args.json, result)
-    if plot:
-        write_bytes(plot, png(loss_by_position(result)))
+    writes = [(args.json, lambda path: write_json(path, result)),
+              (args.plot, lambda path: atomic_write(path, lambda f: f.write(png(loss_by_position(result)))))]
+    for path, write in writes:
+        if path is None:
+            continue
+        try:
+            with writing(path):
+                write(path)
+        except UsageError as e:  # a full disk: the file is as it was, and the results are not lost
+            if path == args.json or args.json is None:
+                print(json.dumps(result, indent=2))
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -7,8 +7,10 @@
 The prompt is BOS followed by --prompt's tokens. The first sample streams to stdout as its tokens
 arrive; with --num-samples N > 1 each sample gets a `--- sample i ---` header and samples 2 .. N are
 printed once the batch is done; the prompt is prefilled once for all N (its KV cache copied to each
-sample's row). Afterwards stderr gets prompt tokens, generated tokens, prefill and
-decode tokens/s and the KV cache's bytes. Bad input: one `error: ...` line on stderr, exit 2.
+sample's row). stderr gets the checkpoint's run dir first (the resolved path: outputs/latest's target, not the
+link), and afterwards prompt tokens, generated tokens, prefill and decode tokens/s and the KV cache's bytes.
+Bad input: one `error: ...` line on stderr, exit 2; a --context, --num-samples or --max-new-tokens whose tables,
+cache or token window would not fit in memory is refused so, before anything of that size is allocated.
 """
 import argparse
 import sys
@@ -19,7 +21,7 @@ from cli import Parser
 from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.engine import Engine, SamplingError, check_sampling, compiled_decoder
-from interop.load import load_model
+from interop.load import load_model, loaded_line
 from model.rope_scaling import SCALINGS
 from storage.checkpoint import check_vocab
 
@@ -63,7 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     try:
         check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     except SamplingError as e:
-        raise UsageError(f"--{e.setting.replace('_', '-')}={e.value} {e.rule}") from None
+        raise as_flag(e) from None
     if not 1 <= args.num_samples <= MAX_NUM_SAMPLES:
         raise UsageError(f"--num-samples={args.num_samples} must be in [1, {MAX_NUM_SAMPLES}]")
     try:
@@ -71,6 +73,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     except (RuntimeError, AssertionError, NotImplementedError) as e:  # unknown name, or a backend not built in
         raise UsageError(f"--device={args.device} is not usable here: {str(e).splitlines()[0]}") from None
     return args
+
+
+def as_flag(e: SamplingError) -> UsageError:
+    """The engine's refusal of a setting, in the words of this command's flag."""
+    return UsageError(f"--{e.setting.replace('_', '-')}={e.value} {e.rule}")
 
 
 class TextStream:
@@ -99,18 +106,22 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
         if args.rope_scaling:
             model = model.with_rope_scaling(args.rope_scaling, args.rope_factor or 1.0)
-        engine = Engine(model, tokenizer, context=args.context)  # a learned table refuses a longer context here
+        prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
+        try:  # a learned table refuses a longer context here; tables, cache or window too large for the memory too
+            engine = Engine(model, tokenizer, context=args.context)
+            steps = engine.generate([prompt], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                                    args.seed, use_cache=not args.no_kv_cache,
+                                    eos_id=None if args.ignore_eos else tokenizer.eos_id, num_samples=args.num_samples)
+        except SamplingError as e:
+            raise as_flag(e) from None
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    print(loaded_line(ckpt_dir), file=sys.stderr)  # stdout is the text alone
     if args.compile:
         print(f"torch.compile of the decode step: {compiled_decoder(engine, args.num_samples):.1f} s", file=sys.stderr)
-    prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
     samples = [list(prompt) for _ in range(args.num_samples)]
-    steps = engine.generate([prompt], args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
-                            use_cache=not args.no_kv_cache, eos_id=None if args.ignore_eos else tokenizer.eos_id,
-                            num_samples=args.num_samples)
     if args.num_samples > 1:
         print("--- sample 1 ---")
     stream = TextStream(tokenizer)

@@ -11,7 +11,10 @@ open it from disk), every figure as a PNG, and report.json with every number the
 The measurements are in insight/ (one module per part of the chapter); docs/report.md explains each section.
 Bad input (a missing or corrupt checkpoint, an empty prompt or one longer than a model's context, checkpoints
 of different vocabularies, --wandb on a checkpoint without a W&B run, an --out that is not a report) is one
-`error: ...` line and exit 2, before anything is written.
+`error: ...` line and exit 2, before anything is written. Then each checkpoint's run dir is printed by its real
+path (outputs/latest's target, not the link, which the next run moves), and the report is written beside DIR and
+renamed into place: a write that fails (a full disk) is one `error: cannot write DIR: <reason>` line, exit 2, and
+an earlier report in DIR is kept whole.
 """
 import argparse
 import json
@@ -27,9 +30,9 @@ from generation.kv_memory import BYTES_PER_ELEMENT
 from insight import attention, blocks, decode, figures, lengths, page, positions
 from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
-from interop.load import load_model
+from interop.load import load_model, loaded_line
 from storage.checkpoint import CheckpointError, check_vocab, run_dir_of
-from storage.files import atomic_dir, write_bytes, write_json
+from storage.files import atomic_dir, write_bytes, write_json, writing
 
 DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 LLAMA_2_7B = {"name": "LLaMA-2-7B", "layers": 32, "kv_heads": 32, "head_dim": 128, "seq": 4096, "batch": 1,
@@ -50,8 +53,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load(path: str) -> tuple[Transformer, Path, Tokenizer]:
+    """The model, its dir and tokenizer, read through the real path: the report (its default --out included)
+    stays with the run it measured while a new run moves outputs/latest."""
     try:
-        model, ckpt_dir = load_model(path)
+        model, ckpt_dir = load_model(Path(path).resolve())
         tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
     except CheckpointError as e:
         raise UsageError(f"--ckpt {path}: {e}") from None
@@ -215,6 +220,8 @@ def report(argv: list[str] | None = None) -> Path:
     ids = prompt_ids(args.prompt, tokenizers[0], models, args.ckpt)
     runs = [wandb_run_of(d, path) for d, path in zip(ckpt_dirs, args.ckpt)] if args.wandb else []
     folder = out_dir(args.out, ckpt_dirs[0])
+    for ckpt_dir in ckpt_dirs:
+        print(loaded_line(ckpt_dir), flush=True)
 
     names = [run_name(run_dir_of(d)) for d in ckpt_dirs]
     settings = [m.cfg.to_dict() | {"attention": m.cfg.attention} for m in models]  # the attention, named too
@@ -226,7 +233,7 @@ def report(argv: list[str] | None = None) -> Path:
                                       "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id),
                                       **on_val_split(model, ckpt_dir, torch.tensor([ids]))})
     pngs = figures.draw(result)
-    with atomic_dir(folder) as tmp:
+    with writing(folder), atomic_dir(folder) as tmp:
         for name, data in pngs.items():
             write_bytes(tmp / name, data)
         write_bytes(tmp / "index.html", page.render(result, pngs).encode())
@@ -242,11 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     try:
         folder = report(argv)
-    except UsageError as e:
+    except UsageError as e:  # a write that fails (a full disk, a forbidden --out) too: an earlier report is intact
         print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk, a read-only or forbidden --out: the earlier report, if any, is intact
-        print(f"error: cannot write {e.filename or 'the report'}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"report: {folder / 'index.html'}")
     return 0

@@ -9,13 +9,13 @@ train.*, model/config.py for model.*.
 import sys
 from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
-from typing import Any, Optional, get_type_hints
+from typing import Any, Optional, Union, get_type_hints
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from errors import ConfigError
@@ -51,7 +51,7 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     sample_prompt: str = MISSING
     diagnostics: bool = MISSING
     seed: int = MISSING
-    resume: bool = MISSING
+    resume: Optional[Union[bool, str]] = MISSING  # true, false, auto; null: auto in a multirun's job, else false
     init_from: Optional[str] = MISSING
     compile: bool = MISSING
     device: str = MISSING
@@ -93,6 +93,7 @@ class WandbSettings:
     project: str = MISSING
     group: Optional[str] = None
     name: Optional[str] = None
+    dir: Optional[str] = None
 
 
 @dataclass

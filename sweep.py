@@ -19,20 +19,21 @@ another in one process; docs/cluster.md). The overrides reach every run too (e.g
 a smaller study); a run's lr, seed and warm-up are the study's, so overriding them is refused. Stages:
   1. grid    each variant at each --lrs, seed 0; the --probe variants also with train.warmup_fraction=0,
              as `<variant>-nowarmup`
-  2. edges   a line whose best lr is the grid's lowest or highest gets the next point beyond it, in the
-             grid's own ratio, up to --widen more points per side
+  2. edges   a line whose best lr is its lowest or highest gets the next point beyond it, in the grid's own
+             ratio, up to --widen more points per side, counted from the --lrs grid
   3. seeds   each variant at its best lr, seeds 1 .. --seeds - 1 (the no-warm-up lines keep seed 0)
-A line's best lr: the lowest final val bpb among its seed-0 runs that completed (a diverged run has none).
-A run whose summary.json records how it ended (completed, or diverged) is kept, so the same command
-resumes a study that was stopped (Ctrl-C, or a cluster's pre-empted jobs): a run dir without one is deleted
-and run again. A stage with a run that ended without a result (a bad setting, mostly) stops the study with
-one `error:` line that names those runs.
+A line's best lr: the lowest final val bpb among its seed-0 runs at the rates planned for it that completed
+(a diverged run has none). The plan follows from the results alone, so the same command gives the same
+study: a run whose summary.json records how it ended (completed, or diverged) is kept, and every other
+point, in every stage, runs again; one stopped or killed resumes from its checkpoint (nothing is deleted).
+So the same command resumes a study that was stopped (Ctrl-C, SIGTERM, a closed terminal, a cluster's
+pre-empted jobs), and a finished one run again trains nothing. A stage with a run that ended without a
+result (a bad setting, mostly) stops the study with one `error:` line that names those runs and how each
+ended; while a multirun of an earlier call still runs in OUT, a call is one `error:` line.
 """
 import argparse
 import json
 import math
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +48,7 @@ import compare
 from errors import UsageError
 from settings import compose_config
 from storage.files import write_json
-from training.multirun import RECORDS
+from training.multirun import RECORDS, die_with_parent, how_it_ended
 from training.run_lock import dir_lock
 
 ROOT = Path(__file__).resolve().parent
@@ -101,7 +102,11 @@ class RunFailed(UsageError):
 
 
 class StudyStopped(Exception):
-    """Ctrl-C (or SIGINT) while the study ran: the runs in progress saved their checkpoints and stopped."""
+    """A signal (Ctrl-C, SIGTERM, SIGHUP) while the study ran: the runs in progress saved and stopped."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 @contextmanager
@@ -128,17 +133,22 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
     as one Hydra multirun: python train.py -m +experiment=ablation <overrides> +point=<name>,<name>,...
 
     Each point is a config of the group `point`, written to OUT/.plan/point/<name>.yaml; the multirun's launcher
-    (basic, joblib, submitit_slurm, ...: the overrides choose it) runs them, each in OUT/<name>. A run dir
-    without a result (a run that was killed or stopped) is deleted first, and the point runs again from its
-    start. The multirun's output goes to OUT/logs/<stage>.log; a line is printed as each run ends."""
+    (basic, joblib, submitit_slurm, ...: the overrides choose it) runs them, each in OUT/<name>. A point whose
+    run was stopped or killed resumes from its checkpoint (a multirun's train.resume=auto), one that never saved
+    one starts again; nothing is deleted. The multirun's output goes to OUT/logs/<stage>.log; a line is printed
+    as each run ends. SIGINT reaches the multirun as SIGINT, SIGTERM and SIGHUP as SIGTERM, once: its jobs save
+    and stop, and so does the study (StudyStopped). Should this process be killed outright, the multirun gets
+    SIGTERM from the OS (die_with_parent)."""
     todo = [p for p in points if finished(out / p.name) is None]
     if len(todo) < len(points):
         print(f"{stage}: {len(points) - len(todo)} of {len(points)} runs kept from an earlier call", flush=True)
     if not todo:
         return
+    with dir_lock(out / RECORDS / "lock", f"--out {out}: a multirun of an earlier call still runs there (pid {{pid}}); "
+                                          f"wait for it to end, or stop it with kill -INT {{pid}}"):
+        pass  # not one run dir is touched while another process trains in it
     plan = out / ".plan"
     for point in todo:
-        shutil.rmtree(out / point.name, ignore_errors=True)
         write_point_config(plan, point)
     log = out / "logs" / f"{stage}.log"
     log.parent.mkdir(exist_ok=True)
@@ -147,12 +157,19 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                "hydra.sweep.subdir=${hydra:runtime.choices.point}", *overrides,
                "+point=" + ",".join(p.name for p in todo)]
     print(f"{stage}: {len(todo)} runs, as one multirun (its output: {log})", flush=True)
-    started, waiting = time.perf_counter(), list(todo)
+    started, waiting, stopped_by = time.perf_counter(), list(todo), []
     with open(log, "a") as output:
-        # a session of its own: Ctrl-C reaches this process alone, which passes it on exactly once (a second
-        # SIGINT would abort the runs before their checkpoints)
+        # a session of its own: a terminal's Ctrl-C reaches this process alone, which passes it on exactly once
+        # (a second SIGINT would abort the runs before their checkpoints)
         multirun = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=die_with_parent)
+
+        def stop(signum, frame):
+            if not stopped_by:
+                stopped_by.append(signum)
+                multirun.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+        previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
         try:
             while waiting:
                 ended = multirun.poll() is not None
@@ -167,15 +184,17 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                 if ended:
                     break
                 time.sleep(1)
-        except KeyboardInterrupt:
-            os.killpg(multirun.pid, signal.SIGINT)  # the multirun and its jobs' processes
             multirun.wait()
-            raise StudyStopped from None
-    multirun.wait()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+    if stopped_by:
+        raise StudyStopped(stopped_by[0])
     if waiting:
-        records = [json.loads(record.read_text()) for record in (out / RECORDS).glob("*.json")]  # each job's end
-        codes = {Path(record["dir"]).resolve(): record["exit_code"] for record in records}
-        failed = ", ".join(f"{p.name} (exit {codes.get((out / p.name).resolve(), '?')})" for p in waiting)
+        records = [json.loads(record.read_text()) for record in (out / RECORDS).glob("[0-9]*.json")]  # each job's end
+        ends = {Path(record["dir"]).resolve(): how_it_ended(record["exit_code"]) for record in records}
+        failed = ", ".join(f"{p.name} ({ends.get((out / p.name).resolve(), f'multirun exit {multirun.returncode}')})"
+                           for p in waiting)
         raise RunFailed(f"{stage}: {len(waiting)} of {len(todo)} runs ended without a result: {failed}; "
                         f"their output: {log}")
 
@@ -191,12 +210,14 @@ def write_point_config(plan: Path, point) -> None:
                       f"{OmegaConf.to_yaml(settings)}")
 
 
-def best_lrs(out: Path, lines: list[str]) -> dict[str, float | None]:
-    """Each line's best lr in OUT, by compare.py's rule (None where no run completed). A diverged run is
+def best_lrs(out: Path, lines: dict[str, Point], planned: dict[str, list[float]]) -> dict[str, float | None]:
+    """Each line's best lr among the learning rates planned for it, by compare.py's rule (None where no run
+    completed): runs in OUT at other rates (an earlier, wider study's) are not this study's. A diverged run is
     never the best, so the loss at initialisation it would count at does not matter here."""
     best = {}
-    for line in lines:
-        runs = [compare.load_run(d) for d in compare.find_run_dirs(out / line)] if (out / line).is_dir() else []
+    for line, point in lines.items():
+        dirs = [out / Point(point.variant, lr, warmup=point.warmup).name for lr in planned[line]]
+        runs = [compare.load_run(d) for d in dirs if finished(d)]
         best[line] = compare.lr_line(compare.Variant(line, runs), init=math.inf, grid=[]).best_lr
     return best
 
@@ -222,16 +243,18 @@ def main(argv=None) -> None:
 
 
 def run_main(study) -> None:
-    """Runs a study as a script does: bad input is one `error:` line and exit 2; Ctrl-C one line and exit 130."""
+    """Runs a study as a script does: bad input is one `error:` line and exit 2; a signal one line and 128 + its
+    number (130 for Ctrl-C)."""
     try:
         study()
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    except (KeyboardInterrupt, StudyStopped):
-        print("stopped: the runs in progress saved a checkpoint and stopped; the same command resumes the study "
-              "(finished runs are kept, stopped ones run again)", file=sys.stderr)
-        sys.exit(130)
+    except (StudyStopped, KeyboardInterrupt) as stopped:  # a KeyboardInterrupt: Ctrl-C between two stages
+        signum = getattr(stopped, "signum", signal.SIGINT)
+        print(f"stopped: {signal.Signals(signum).name}: the runs in progress saved a checkpoint and stopped; the same command resumes the "
+              f"study (finished runs are kept, stopped ones continue from their checkpoints)", file=sys.stderr)
+        sys.exit(128 + signum)
 
 
 def run_study(out: Path, variants: list[str], probe: list[str], lrs: list[float], n_seeds: int, widen: int,
@@ -245,18 +268,22 @@ def run_study(out: Path, variants: list[str], probe: list[str], lrs: list[float]
     with study_dir(out):
         launch(grid, out, overrides, "grid", done)
         lines = {p.line: p for p in grid}  # one Point per line: its variant and warm-up
+        # each line's learning rates: the grid, then a point beyond an edge that was best, up to `widen` a side;
+        # planned from the results alone, so that the same command always gives the same study
+        planned = {line: list(lrs) for line in lines}
         low_ratio, high_ratio = lrs[0] / lrs[1], lrs[-1] / lrs[-2]
         for edge in range(widen):
-            best = best_lrs(out, list(lines))
-            tried = {line: sorted(float(d.name[2:]) for d in (out / line).glob("lr*")) for line in lines}
+            best = best_lrs(out, lines, planned)
             extra = [Point(p.variant, lr, warmup=p.warmup) for line, p in lines.items() if best[line] is not None
-                     for lr in ([best[line] * low_ratio] if best[line] <= tried[line][0] else [])
-                     + ([best[line] * high_ratio] if best[line] >= tried[line][-1] else [])]
+                     for lr in ([planned[line][0] * low_ratio] if math.isclose(best[line], planned[line][0]) else [])
+                     + ([planned[line][-1] * high_ratio] if math.isclose(best[line], planned[line][-1]) else [])]
             if not extra:
                 break
+            for point in extra:
+                planned[point.line] = sorted([*planned[point.line], point.lr])
             launch(extra, out, overrides, f"edges{edge + 1}", done)
 
-        best = best_lrs(out, list(lines))
+        best = best_lrs(out, lines, planned)
         seeds = [Point(p.variant, best[line], seed) for line, p in lines.items() if p.warmup and best[line]
                  for seed in range(1, n_seeds)]
         launch(seeds, out, overrides, "seeds", done)

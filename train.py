@@ -13,14 +13,14 @@ backward, update, metrics, eval, sample, checkpoint), the summary; its helpers l
 Outputs go to the Hydra run dir: ckpt/ (weights, model config, tokenizer, train_state.pt),
 metrics.jsonl, config.yaml (resolved), summary.json and wandb/.
 Exit codes: 0 done; 1 the loss went NaN/inf; 2 a bad setting, data or checkpoint, or a lost DDP process
-(one `error:` line); 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint. In a multirun (-m) only a
-signal ends the sweep; a job that failed makes it exit 1 at its end.
+(one `error:` line); 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint. In a multirun (-m) each job
+trains in a process of its own (training/multirun.py): a job that failed or was killed makes the command exit 1
+at its end; a signal to the command stops every job, each saving its checkpoint, and the same command resumes.
 """
 import math
 import os
 import sys
 import time
-import traceback
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -36,52 +36,49 @@ from errors import UsageError
 from generation.engine import Engine
 from model.transformer import Transformer
 from settings import check_command_line
-from training.config import (autocast_for, check_train_config, eval_window_count, init_settings, model_config,
-                             resolve_device, resume_settings)
+from training.config import autocast_for, check_train_config, eval_window_count, model_config, resolve_device
 from training.diagnostics import layer_stats
 from training.distributed import (data_parallel, from_master, master_first, mean_over_processes, setup_distributed,
                                   syncing, teardown_distributed, world_size)
 from training.endings import RunEnded, process_lost, stop_if_diverged, stop_if_signalled
 from training.evaluate import evaluate, next_token_loss
 from training.horizon import Clock, Horizon
+from training.multirun import run_job
 from training.optim import make_optimizer, set_lr
 from training.run_lock import run_dir_lock
 from training.signals import StopRequest
-from training.state import (Progress, RunCheckpoint, checkpoint_to_resume, resume_training, start_from,
-                            step_generator)
+from training.state import RunCheckpoint, run_start, step_generator, wants_resume
 from training.tracking import Throughput, default_run_name, start_tracking, wandb_mode
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> int:
+def main(cfg: DictConfig) -> int | None:
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job of a multirun: the run, in a process of its own
+        return run_job(cfg, run)
+    if exit_code := run(cfg):
+        sys.exit(exit_code)
+
+
+def run(cfg: DictConfig) -> int:
+    """The run's exit code; a bad setting, data or checkpoint, and a write that fails, are one `error:` line."""
     try:
+        cfg.train.resume = wants_resume(cfg.train.resume, Path(HydraConfig.get().runtime.output_dir))
         with ExitStack() as held:  # what the run holds until it ends: the run dir's lock, the progress bar
-            exit_code = train(cfg, held)
+            return train(cfg, held)
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        exit_code = 2
     except OSError as e:  # a full disk, a read-only or forbidden path: the previous checkpoint is intact
         print(f"error: cannot write {e.filename or HydraConfig.get().runtime.output_dir}: {e.strerror or e}",
               file=sys.stderr)
-        exit_code = 2
-    except Exception as e:  # a bug: a run alone shows its traceback; a multirun's job records it and goes on
-        if HydraConfig.get().mode == RunMode.RUN:
-            raise
-        traceback.print_exc()
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        exit_code = 1
-    # In a multirun the sweep goes on after a job that failed: training/multirun.py records its exit code
-    # and fails the whole command at its end; a signal stops the sweep at once.
-    if exit_code and (HydraConfig.get().mode == RunMode.RUN or exit_code > 2):
-        sys.exit(exit_code)
-    return exit_code
+    return 2
 
 
 def train(cfg: DictConfig, held: ExitStack) -> int:
     run_dir, tcfg = Path(HydraConfig.get().runtime.output_dir), cfg.train
-    if tcfg.resume:  # the run it continues: its own settings, and what the command line may change of them
-        resume_settings(cfg, run_dir)
-    init_from = init_settings(cfg, tcfg.init_from) if tcfg.init_from and not tcfg.resume else None
+    stop = StopRequest()  # from here on a signal stops the run at a step (before the first, if it comes that early)
+    if int(os.environ.get("RANK", 0)) == 0:  # the run dir is this run's alone (DDP's other ranks write nothing there)
+        held.enter_context(run_dir_lock(run_dir))  # a run refused before it writes leaves no dir (run_lock.py)
+    start = run_start(cfg, run_dir)  # a resumed run's own settings, or those of the run whose weights it starts from
 
     # -------- settings: everything that can be checked without data fails here, in a second
     setup_clock = time.perf_counter()
@@ -92,9 +89,6 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     if tcfg.threads is not None:  # N jobs of a multirun on one machine share its cores
         torch.set_num_threads(tcfg.threads)
     tracking_mode = wandb_mode(cfg.wandb.mode)
-    if int(os.environ.get("RANK", 0)) == 0:  # the run dir is this run's alone (DDP's other ranks write nothing there)
-        held.enter_context(run_dir_lock(run_dir))
-    resume_from = checkpoint_to_resume(run_dir, tcfg.resume)
 
     # -------- data: rank 0 builds the tokenizer and token caches; the other processes then load them
     ddp = setup_distributed(device)
@@ -105,12 +99,8 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     torch.manual_seed(tcfg.seed + ddp.rank)  # DDP copies rank 0's initial weights; the offset varies dropout
     raw_model = Transformer(model_config(cfg, data.tokenizer.vocab_size)).to(ddp.device)  # vocab_size=null: the rule's
     optimizer = make_optimizer(raw_model, tcfg)
-    if init_from is not None:  # another run's weights, this run's optimizer and schedule
-        start_from(init_from, raw_model, data.tokenizer.model_file)
-    progress = (resume_training(resume_from, raw_model, data.tokenizer.model_file, optimizer)
-                if resume_from is not None else Progress())
-    checkpoint = RunCheckpoint(run_dir / "ckpt", raw_model, data.tokenizer.model_file, optimizer, progress,
-                               resumed=resume_from is not None)
+    progress = start.load(raw_model, data.tokenizer.model_file, optimizer)
+    checkpoint = RunCheckpoint(run_dir, raw_model, data.tokenizer.model_file, optimizer, progress, start.resumed)
     model = data_parallel(ddp, raw_model)
     # train.compile=true compiles the forward and the cross-entropy in one graph: the vocabulary's softmax fuses too
     loss_of = torch.compile(next_token_loss) if tcfg.compile else next_token_loss
@@ -120,16 +110,15 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     name = cfg.wandb.name or default_run_name(HydraConfig.get().runtime.choices)
     if ddp.master:  # the run has started: its files are written and outputs/latest points at it
         val_batches = eval_batches(data.val, micro_batch, T, eval_windows, ddp.device)
-        tracker = start_tracking(cfg, run_dir, tracking_mode, name, progress, resume_from is not None, raw_model,
-                                 data, eval_tokens=sum(y.numel() for _, y in val_batches))
+        tracker = start_tracking(cfg, run_dir, tracking_mode, name, progress, start.resumed, raw_model, data,
+                                 eval_tokens=sum(y.numel() for _, y in val_batches))
         engine = Engine(raw_model, data.tokenizer)
         print(f"{name}: {raw_model.num_params() / 1e6:.2f} M parameters | {tcfg.batch_size} sequences x {T} tokens "
               f"per step = {ddp.world_size} processes x {accum_steps} accumulation x {micro_batch} | "
-              f"{ddp.device} | {run_dir}" + (f" | resumed at step {progress.step}" if resume_from else "")
-              + f"\n{name}: {horizon.describe()}")
+              f"{ddp.device} | {run_dir}{start.describe(progress)}\n{name}: {horizon.describe()}")
 
     # -------- the loop: one optimizer step per iteration, until the horizon or an early end (training/endings.py)
-    stop, meter = StopRequest(), Throughput(tcfg.batch_size * T, held.enter_context(tqdm(  # rank 0 draws the bar
+    meter = Throughput(tcfg.batch_size * T, held.enter_context(tqdm(  # rank 0 draws the bar
         total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step", desc=name)))
     setup_s, clock = time.perf_counter() - setup_clock, Clock(progress.elapsed_s)  # the training time starts
     ending = RunEnded("completed", 0)

@@ -14,6 +14,8 @@ streams: a bincount over the whole train stream, gigabytes on a large corpus.
 
 Each stream is the split's documents, each as BOS + ids + EOS, joined end to end.
 """
+from __future__ import annotations
+
 import functools
 import hashlib
 import json
@@ -21,14 +23,17 @@ import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import datasets
 import numpy as np
 from tqdm import tqdm
 
 from data.sources import SOURCES, DataError
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from storage.files import atomic_write, remove_dead_temporaries, sha256, write_json
+
+if TYPE_CHECKING:  # datasets is imported by data/sources.py where documents are loaded
+    import datasets
 
 CACHE_FORMAT = 3
 REQUIRED_SETTINGS = ("name", "source", "val_fraction", "cache_dir", "num_proc")
@@ -135,7 +140,7 @@ def split_documents(docs: datasets.Dataset, val_fraction: float):
         cut = len(text) - math.ceil(len(text) * val_fraction)
         heads.append(text[:cut])
         tails.append(text[cut:])
-    return datasets.Dataset.from_dict({"text": heads}), datasets.Dataset.from_dict({"text": tails})
+    return type(docs).from_dict({"text": heads}), type(docs).from_dict({"text": tails})
 
 
 def read_manifest(cache: Path, key: str) -> tuple[dict | None, str | None]:

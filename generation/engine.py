@@ -7,7 +7,8 @@
       cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
       uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
     cache k, v: [n_layers, B * N, n_kv_heads, max_len, head_dim], max_len = min(context, P + max_new_tokens - 1),
-    allocated once per generation and written in place (the last new token is never fed back).
+    allocated once per generation and written in place (the last new token is never fed back); the token window
+    beside it holds max_len + 1 ids per sample.
 
 The cached one-token steps can go through a `decoder` the caller gives (e.g. torch.compile of the model,
 see generate.py --compile); the caller warms it up and times that, the engine only runs it.
@@ -22,6 +23,9 @@ Limits:
   prompt are num_samples=N of a batch of one.
 - The context is the model's trained one (model.context_length) unless the caller gives a longer one
   (generate.py --context, with a RoPE scaling for positions past the trained ones: docs/long_context.md).
+- Sizes are checked against the memory free for them before they are allocated (generation/memory.py's
+  memory_shortfall): the position tables of the context at construction, the cache and the token window at
+  generate(); a size too large is a SamplingError naming the setting.
 - A prompt longer than the context is cut from the left, keeping its last context tokens,
   with a warning on stderr.
 - When a new token would not fit in the context, the window slides: the last context // 2
@@ -45,7 +49,9 @@ from functools import partial
 import torch
 
 from errors import UsageError
-from model.kv_cache import KVCache
+from generation.memory import memory_shortfall
+from model.kv_cache import KVCache, kv_cache_bytes
+from model.positions import table_bytes
 from model.transformer import Transformer
 
 MAX_NEW_TOKENS = 1_000_000
@@ -128,9 +134,13 @@ class Engine:
         """decoder: what runs the cached one-token steps, called as the model is (default: the model itself),
         e.g. torch.compile(model, dynamic=True); the prompt's prefill and the slides stay on the model.
         context: the positions a generation may use before it slides (default: model.context_length); a
-        longer one raises PositionsError here for a learned table."""
+        longer one raises PositionsError here for a learned table, and SamplingError for tables that would not fit
+        in memory."""
         self.model = model
         self.context = context or model.cfg.context_length
+        if shortfall := memory_shortfall({"the position tables": table_bytes(model.cfg, self.context)},
+                                         model.tok_emb.weight.device):
+            raise SamplingError("context", self.context, shortfall)
         model.fit_positions(self.context)
         self.decoder = model if decoder is None else decoder
         self.tokenizer = tokenizer  # needed by complete() only
@@ -157,9 +167,25 @@ class Engine:
                   f"keeping its last {context}", file=sys.stderr)
             prompts = [p[-context:] for p in prompts]
         device = self.model.tok_emb.weight.device
+        self._check_memory(len(prompts) * num_samples, self._positions(len(prompts[0]), max_new_tokens), use_cache,
+                           max_new_tokens)
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
         pick = partial(sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
         return self._run(torch.tensor(prompts, device=device), num_samples, max_new_tokens, pick, use_cache, eos_id)
+
+    def _positions(self, prompt_len: int, max_new_tokens: int) -> int:
+        """The positions a generation holds at once, the cache's length (the last new token is never fed back)."""
+        return min(self.context, prompt_len + max_new_tokens - 1)
+
+    def _check_memory(self, batch: int, positions: int, use_cache: bool, max_new_tokens: int) -> None:
+        """SamplingError when the token window (int64 ids) and the cache of `batch` samples would not fit in memory."""
+        cfg, weight = self.model.cfg, self.model.tok_emb.weight
+        needs = {"the token window": batch * (positions + 1) * 8,
+                 "the KV cache": kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, positions, batch,
+                                                weight.element_size()) if use_cache else 0}
+        if shortfall := memory_shortfall(needs, weight.device):
+            raise SamplingError("max_new_tokens", max_new_tokens, f"for {batch} samples of up to {positions:,} "
+                                f"positions {shortfall}")
 
     def complete(self, prompt: str, max_new_tokens: int, temperature: float = 0.8, top_k: int | None = None,
                  seed: int | None = None) -> str:
@@ -178,11 +204,12 @@ class Engine:
         prompt_len = prompt.shape[1]
         batch = prompt.shape[0] * num_samples
         keep = max(1, context // 2)  # tokens kept when the window slides
+        positions = self._positions(prompt_len, max_new_tokens)
         # The tokens the model sees, at positions 0 .. n - 1; the spare slot holds the token that overflows it.
-        window = torch.empty(batch, context + 1, dtype=torch.long, device=prompt.device)
+        window = torch.empty(batch, positions + 1, dtype=torch.long, device=prompt.device)
         window[:, :prompt_len] = prompt.repeat_interleave(num_samples, dim=0)
         n = prompt_len
-        cache = model.new_kv_cache(batch, min(context, prompt_len + max_new_tokens - 1)) if use_cache else None
+        cache = model.new_kv_cache(batch, positions) if use_cache else None
         self.stats = stats = GenerationStats(prompt_tokens=prompt.numel(),
                                              cache_bytes=cache.nbytes if cache is not None else 0)
         ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)

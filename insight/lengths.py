@@ -1,10 +1,13 @@
 """The loss at any length: a checkpoint's val split scored in windows of L tokens, as a whole and by position.
 
-Two ways to cut a token stream s into windows of L tokens (x = s[a : a + L], y = s[a + 1 : a + L + 1]):
+Three ways to cut a token stream s into windows of L tokens (x = s[a : a + L], y = s[a + 1 : a + L + 1]):
     chunked   a = 0, L, 2L, ...: every token is scored once, at its position inside its window, so the early
               positions of each window are scored with little context (Press et al. 2022's early-token curse)
     sliding   a = 0, S, 2S, ... (stride S): the first window scores all its L tokens, each later one only its
               last S, so every token after the first window is scored with at least L - S tokens before it
+    training  training's own eval set (data/batches.py's eval_batches): `count` windows (train.eval_tokens // L)
+              spread evenly over the whole stream, every token scored; at the trained length it is the set whose
+              val bpb the run logged, so the two numbers agree to float precision (docs/long_context.md)
 Per window and position t, nats(t) = -ln p(y_t | x_0..t). For a length, the result is the mean over the scored
 tokens, as bits per byte (nats / ln 2 / the split's bytes per token, training/evaluate.py), and the same mean per
 bucket of `bucket` positions: the loss against position, which shows where a model stops using its positions.
@@ -17,61 +20,83 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from data import prepare_data
+from data.batches import eval_batches, windows_at
 from errors import UsageError
 from model.transformer import Transformer
 from storage.checkpoint import run_dir_of
 
-MODES = ("chunked", "sliding")
+MODES = ("chunked", "sliding", "training")
 REPORT_MULTIPLES = (1, 2, 4)  # the report's lengths, in trained contexts
 REPORT_TOKENS = 16384  # the val split's first tokens the report scores
+
+
+def run_config(ckpt_dir: Path) -> DictConfig:
+    """The config.yaml of the training run that holds ckpt_dir."""
+    run_dir = run_dir_of(ckpt_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise UsageError(f"no config.yaml in {run_dir}, so no val split to score: give a training run's dir")
+    return OmegaConf.load(run_dir / "config.yaml")
 
 
 def run_val_split(ckpt_dir: Path) -> tuple[np.ndarray, float]:
     """(the val token stream, its bytes per token) of the training run that holds ckpt_dir: its config.yaml's data
     settings, through the token cache training built (data/prepare.py rebuilds a missing one)."""
-    run_dir = run_dir_of(ckpt_dir)
-    if not (run_dir / "config.yaml").is_file():
-        raise UsageError(f"no config.yaml in {run_dir}, so no val split to score: give a training run's dir")
-    config = OmegaConf.load(run_dir / "config.yaml")
+    config = run_config(ckpt_dir)
     data = prepare_data(config.data, config.model.context_length, 1)
     return data.val, data.bytes_per_token["val"]
 
 
 def window_starts(n_tokens: int, length: int, mode: str, stride: int) -> list[int]:
-    """The windows' first positions in a stream of n_tokens (each window needs length + 1 tokens)."""
+    """The chunked or sliding windows' first positions in a stream of n_tokens (each window needs length + 1)."""
     last = n_tokens - length - 1
     step = length if mode == "chunked" else stride
     return list(range(0, last + 1, step))
 
 
-@torch.no_grad()
-def position_nats(model: Transformer, stream: np.ndarray, length: int, mode: str, stride: int,
-                  batch_size: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """(the summed nats, the scored tokens) at each position 0 .. length - 1 of the windows, as float64 arrays."""
+def window_count(n_tokens: int, length: int, mode: str, stride: int, count: int | None = None) -> int:
+    """The windows a mode scores (`count`: the training mode's, train.eval_tokens // length)."""
+    return count if mode == "training" else len(window_starts(n_tokens, length, mode, stride))
+
+
+def window_batches(stream: np.ndarray, length: int, mode: str, stride: int, batch_size: int, count: int | None):
+    """Yields (x, y, scored) per batch of windows: inputs and targets [b, length], and the positions of each window
+    that count. The training mode's batches are training's own (eval_batches), so no second copy of its rule."""
+    if mode == "training":
+        for x, y in eval_batches(stream, batch_size, length, count):
+            yield x, y, torch.ones_like(y, dtype=torch.bool)
+        return
     starts = window_starts(len(stream), length, mode, stride)
-    nats, counts = np.zeros(length), np.zeros(length)
-    device = model.tok_emb.weight.device
     for first in range(0, len(starts), batch_size):
         batch = starts[first:first + batch_size]
-        rows = torch.from_numpy(np.stack([stream[a:a + length + 1] for a in batch]).astype(np.int64)).to(device)
-        logits = model(rows[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32)),
-                               rows[:, 1:].flatten(), reduction="none").view(len(batch), length).double().cpu()
-        scored = torch.ones_like(loss, dtype=torch.bool)
+        x, y = windows_at(stream, batch, length, "cpu")
+        scored = torch.ones_like(y, dtype=torch.bool)
         if mode == "sliding":  # every window but the stream's first scores only its last `stride` positions
             scored[[i for i, a in enumerate(batch) if a > 0], :length - stride] = False
+        yield x, y, scored
+
+
+@torch.no_grad()
+def position_nats(model: Transformer, stream: np.ndarray, length: int, mode: str, stride: int,
+                  batch_size: int = 8, count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(the summed nats, the scored tokens) at each position 0 .. length - 1 of the windows, as float64 arrays."""
+    nats, counts = np.zeros(length), np.zeros(length)
+    device = model.tok_emb.weight.device
+    for x, y, scored in window_batches(stream, length, mode, stride, batch_size, count):
+        logits = model(x.to(device))
+        loss = F.cross_entropy(logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32)),
+                               y.to(device).flatten(), reduction="none").view(y.shape).double().cpu()
         nats += (loss * scored).sum(0).numpy()
         counts += scored.sum(0).numpy()
     return nats, counts
 
 
 def score(model: Transformer, stream: np.ndarray, length: int, mode: str, stride: int, bucket: int,
-          bytes_per_token: float, batch_size: int = 8) -> dict:
+          bytes_per_token: float, batch_size: int = 8, count: int | None = None) -> dict:
     """One length, one mode: val bpb over every scored token and per bucket of positions."""
-    nats, counts = position_nats(model, stream, length, mode, stride, batch_size)
+    nats, counts = position_nats(model, stream, length, mode, stride, batch_size, count)
     to_bpb = 1 / math.log(2) / bytes_per_token
     buckets = []
     for start in range(0, length, bucket):
@@ -81,7 +106,7 @@ def score(model: Transformer, stream: np.ndarray, length: int, mode: str, stride
             buckets.append({"start": start, "end": end, "tokens": int(tokens),
                             "val_bpb": float(nats[start:end].sum() / tokens * to_bpb)})
     return {"length": length, "mode": mode, "stride": stride if mode == "sliding" else None,
-            "windows": len(window_starts(len(stream), length, mode, stride)), "tokens": int(counts.sum()),
+            "windows": window_count(len(stream), length, mode, stride, count), "tokens": int(counts.sum()),
             "val_bpb": float(nats.sum() / counts.sum() * to_bpb), "buckets": buckets}
 
 

@@ -42,7 +42,7 @@ from interop.hf_llama import (LLAMA_TOKENIZER, InteropError, check_exportable, h
 from model.config import ModelConfig
 from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
-from storage.files import atomic_file
+from storage.files import atomic_file, writing
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     proto = read_tokenizer_proto(tokenizer_file)
     if unlike := settings_unlike(proto, LLAMA_TOKENIZER):
         notes.append(f"tokenizer.model has {', '.join(unlike)}: llama.cpp's tokenizer may split text differently")
-    with atomic_file(path) as tmp:
+    with writing(path), atomic_file(path) as tmp:  # a full disk: one error line naming the file
         writer = gguf.GGUFWriter(tmp, target.name)  # the prefix of the model keys below: llama.*, qwen3.*
         try:
             writer.add_name("nanollama")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from model.transformer import Transformer
-from storage.checkpoint import load_checkpoint, read_config, resolve_ckpt_dir
+from storage.checkpoint import load_checkpoint, read_config, resolve_ckpt_dir, run_dir_of
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
@@ -20,4 +20,10 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
     if "model_type" in config:
         from interop.hf_llama import load_transformers_dir  # here, not above: only this kind of dir needs it
         return load_transformers_dir(ckpt_dir, config, device), ckpt_dir
-    return load_checkpoint(ckpt_dir, device)
+    return load_checkpoint(path, device)  # from `path` again: a save that replaces ckpt/ meanwhile is retried whole
+
+
+def loaded_line(ckpt_dir: Path) -> str:
+    """What a script prints of the model it loaded: its run dir's real path, not the link it was reached by
+    (outputs/latest moves with the next run, so its name does not say which run was read)."""
+    return f"checkpoint: {run_dir_of(Path(ckpt_dir)).resolve()}"

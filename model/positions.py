@@ -113,6 +113,18 @@ class PositionsError(ConfigError):
     """A length that the model's positions cannot reach: a learned table's end."""
 
 
+def table_bytes(cfg: ModelConfig, length: int) -> int:
+    """The bytes fit(length) holds at least, counted before anything is allocated (so that a length too long for
+    the machine is refused in a second rather than killed by the OOM killer): RoPE's fp32 cos and sin tables,
+    2 * length * head_dim * 4; the sinusoidal table, built in fp64 and kept in fp32, length * d_model * (8 + 4).
+    A learned table never grows, and position=none has no table."""
+    if cfg.position == "rope":
+        return 2 * length * cfg.head_dim * 4
+    if cfg.position == "sinusoidal":
+        return length * cfg.d_model * (8 + 4)
+    return 0
+
+
 def make_positions(cfg: ModelConfig, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
     added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""

@@ -14,17 +14,28 @@ never saved either. Each refusal is a CheckpointError naming the file and both v
 A transformers LLaMA directory is read by interop/load.py, which hands this repo's own to load_checkpoint:
 resuming or generating from a native checkpoint never imports the transformers mapping.
 
-The directory is written next to its final place and renamed into it, so a kill at any
-moment leaves either the previous checkpoint or the new one, never a mix.
+The directory is written next to its final place and renamed into it, so a kill at any moment leaves either the
+previous checkpoint or the new one, never a mix. A reader beside a run that saves (generate.py on outputs/latest
+during training, a fine-tune's train.init_from) gets one save whole too: it reads config.json and every file that
+lists once, into memory, through one open handle on the directory (read_save), so each file is of the save that
+config.json describes even if a save renames the directory to ckpt.old meanwhile. A save that removes the directory
+under the reader makes it read again from the start, one between its two renames is waited out (each a bounded
+number of times), and only a checkpoint still in place that still misses a file is reported as missing.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import sentencepiece as spm
 import torch
 from safetensors.torch import load, save
+
 from data.tokenizer import Tokenizer
 from errors import ConfigError, UsageError
 from model.config import ModelConfig
@@ -32,6 +43,8 @@ from model.transformer import Transformer
 from storage.files import atomic_dir, sha256, write_bytes, write_json
 
 FORMAT_VERSION = 2
+READ_ATTEMPTS = 20  # reads of a checkpoint that saves keep replacing under the reader, before it gives up
+RENAME_WAIT_S = 0.005  # a reader that finds a save between its two renames waits this long before looking again
 
 
 class CheckpointError(UsageError):
@@ -39,16 +52,27 @@ class CheckpointError(UsageError):
 
 
 def resolve_ckpt_dir(path: str | Path) -> Path:
-    """Accept a run dir (holding ckpt/) or a ckpt dir itself."""
+    """Accept a run dir (holding ckpt/) or a ckpt dir itself. A save caught between its two renames, when neither
+    name holds a checkpoint for an instant, is waited out (a bounded number of times)."""
     path = Path(path)
-    for candidate in (path / "ckpt", path):
-        if (candidate / "config.json").is_file():
-            return candidate
-        # a save killed between its two renames leaves only the previous checkpoint, as .old
-        old = candidate.with_name(candidate.name + ".old")
-        if (old / "config.json").is_file() and not candidate.exists():
-            return old
+    for _ in range(READ_ATTEMPTS):
+        saving = save_in_flight(path)  # before looking and after: a save may also start or end while we look
+        for candidate in (path / "ckpt", path):
+            if (candidate / "config.json").is_file():
+                return candidate
+            # a save killed between its two renames leaves only the previous checkpoint, as .old
+            old = candidate.with_name(candidate.name + ".old")
+            if (old / "config.json").is_file() and not candidate.exists():
+                return old
+        if not (saving or save_in_flight(path)):
+            break
+        time.sleep(RENAME_WAIT_S)
     raise CheckpointError(f"no checkpoint at {path}: expected {path}/config.json or {path}/ckpt/config.json")
+
+
+def save_in_flight(path: Path) -> bool:
+    """Whether a save is under way at `path`: atomic_dir's .tmp or .old beside its checkpoint dir."""
+    return any(d.with_name(d.name + suffix).exists() for d in (path / "ckpt", path) for suffix in (".tmp", ".old"))
 
 
 def run_dir_of(ckpt_dir: Path) -> Path:
@@ -80,15 +104,10 @@ def save_checkpoint(ckpt_dir: str | Path, model: Transformer, tokenizer_file: st
     return Path(ckpt_dir)
 
 
-def verify_files(ckpt_dir: Path, digests) -> None:
-    if not isinstance(digests, dict) or not {"model.safetensors", "tokenizer.model"} <= digests.keys():
-        raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: no sha256 of its files")
+def verify_files(ckpt_dir: Path, files: dict[str, bytes], digests: dict) -> None:
     for name, digest in digests.items():
-        path = ckpt_dir / name
-        if not path.is_file():
-            raise CheckpointError(f"checkpoint {ckpt_dir} is missing {name}, which its config.json lists")
-        if sha256(path) != digest:
-            raise CheckpointError(f"checkpoint file {path} does not match the sha256 in its config.json: "
+        if hashlib.sha256(files[name]).hexdigest() != digest:
+            raise CheckpointError(f"checkpoint file {ckpt_dir / name} does not match the sha256 in its config.json: "
                                   f"it changed or was corrupted after it was saved")
 
 
@@ -110,43 +129,126 @@ def read_config(ckpt_dir: Path) -> dict:
     """ckpt_dir/config.json: this repo's checkpoint config or a transformers model config ({} for JSON that
     is not an object, which then fails the format_version check by name)."""
     try:
-        meta = json.loads((ckpt_dir / "config.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return parse_config(ckpt_dir, (ckpt_dir / "config.json").read_bytes())
+    except OSError as e:
+        raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
+
+
+def parse_config(ckpt_dir: Path, content: bytes) -> dict:
+    try:
+        meta = json.loads(content.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
     return meta if isinstance(meta, dict) else {}
 
 
-def check_vocab(cfg: ModelConfig, tokenizer_file: Path) -> Tokenizer:
-    """The tokenizer, after checking it has exactly one piece per row of the embedding."""
+def read_at(dir_fd: int, name: str) -> bytes:
+    """A file of the directory that dir_fd holds open, whatever that directory is called by now."""
+    with open(os.open(name, os.O_RDONLY, dir_fd=dir_fd), "rb") as f:
+        return f.read()
+
+
+def still_in_place(path: Path, ckpt_dir: Path, dir_fd: int) -> bool:
+    """Whether the directory read through dir_fd is still the checkpoint at `path` (not one a save has replaced).
+    The open handle keeps its inode from being reused, so equal inodes are the same directory."""
     try:
-        tokenizer = Tokenizer(tokenizer_file)
-    except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot parse
-        raise CheckpointError(f"cannot read tokenizer {tokenizer_file}: {e}") from None
-    if tokenizer.vocab_size != cfg.vocab_size:
-        raise CheckpointError(f"vocab mismatch: the model has vocab_size={cfg.vocab_size} but its tokenizer "
-                              f"{tokenizer_file} has {tokenizer.vocab_size} pieces")
+        return resolve_ckpt_dir(path) == ckpt_dir and os.path.samestat(os.stat(ckpt_dir), os.fstat(dir_fd))
+    except (CheckpointError, OSError):
+        return False
+
+
+def read_save(path: str | Path) -> tuple[Path, dict, dict[str, bytes]]:
+    """(ckpt dir, its config.json, the bytes of every file config.json lists) of one save, whole, its format
+    and sha256 digests checked: see the module's docstring for a save that happens meanwhile."""
+    path = Path(path)
+    for _ in range(READ_ATTEMPTS):
+        ckpt_dir = resolve_ckpt_dir(path)
+        try:
+            dir_fd = os.open(ckpt_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:  # renamed away by a save since
+            continue
+        try:
+            meta = parse_config(ckpt_dir, read_at(dir_fd, "config.json"))
+            version = meta.get("format_version")
+            if version != FORMAT_VERSION:
+                raise CheckpointError(f"checkpoint {ckpt_dir} has format_version={version!r}; "
+                                      f"this nanollama reads format_version={FORMAT_VERSION}")
+            digests = meta.get("sha256")
+            if not isinstance(digests, dict) or not {"model.safetensors", "tokenizer.model"} <= digests.keys():
+                raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: no sha256 of its files")
+            files = {name: read_at(dir_fd, name) for name in digests}
+        except FileNotFoundError as e:  # removed by a save that replaced it, or really missing
+            if still_in_place(path, ckpt_dir, dir_fd) and e.filename != "config.json":
+                raise CheckpointError(f"checkpoint {ckpt_dir} is missing {e.filename}, which its config.json "
+                                      f"lists") from None
+            continue
+        finally:
+            os.close(dir_fd)
+        verify_files(ckpt_dir, files, digests)
+        return ckpt_dir, meta, files
+    raise CheckpointError(f"checkpoint {path} was replaced by new saves {READ_ATTEMPTS} times while it was read; "
+                          f"try again, or save less often (train.ckpt_interval)")
+
+
+def check_vocab(cfg: ModelConfig, tokenizer_file: Path) -> Tokenizer:
+    """The tokenizer, after checking it has exactly one piece per row of the embedding. One that a save took away
+    (for the instant of its two renames, or with the ckpt.old/ the model was read from) is read from where the
+    checkpoint is once the save is done: a run's saves all hold the same tokenizer."""
+    tokenizer_file = Path(tokenizer_file)
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            tokenizer = Tokenizer(tokenizer_file)
+            break
+        except (OSError, RuntimeError) as e:  # what sentencepiece raises for a file it cannot find or parse
+            # by the error, not by looking again: the next save may have put the file back since
+            missing = isinstance(e, FileNotFoundError) or str(e).startswith("NOT_FOUND")
+            if not missing or attempt == READ_ATTEMPTS - 1:
+                raise CheckpointError(f"cannot read tokenizer {tokenizer_file}: {e}") from None
+            time.sleep(RENAME_WAIT_S)
+            try:
+                tokenizer_file = resolve_ckpt_dir(run_dir_of(tokenizer_file.parent)) / tokenizer_file.name
+            except CheckpointError:  # no checkpoint there for now: the next attempt looks again
+                pass
+    check_pieces(cfg, tokenizer_file, tokenizer.vocab_size)
     return tokenizer
+
+
+def check_pieces(cfg: ModelConfig, tokenizer_file: Path, pieces: int) -> None:
+    if pieces != cfg.vocab_size:
+        raise CheckpointError(f"vocab mismatch: the model has vocab_size={cfg.vocab_size} but its tokenizer "
+                              f"{tokenizer_file} has {pieces} pieces")
+
+
+@dataclass
+class Checkpoint:
+    """One save of a checkpoint dir, read whole (read_checkpoint)."""
+    dir: Path  # where it was read: ckpt/, or ckpt.old/ after a save killed between its renames
+    model: Transformer  # in eval mode
+    files: dict[str, bytes]  # every file its config.json lists (tokenizer.model, train_state.pt, ...), verified
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
     """Returns (model in eval mode, ckpt dir). The tokenizer is ckpt_dir / 'tokenizer.model'."""
-    ckpt_dir = resolve_ckpt_dir(path)
-    meta = read_config(ckpt_dir)
-    version = meta.get("format_version")
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {ckpt_dir} has format_version={version!r}; "
-                              f"this nanollama reads format_version={FORMAT_VERSION}")
-    verify_files(ckpt_dir, meta.get("sha256"))
+    checkpoint = read_checkpoint(path, device)
+    return checkpoint.model, checkpoint.dir
+
+
+def read_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> Checkpoint:
+    """The model of the checkpoint at `path` (a run dir or a ckpt dir) and its files, of one save."""
+    ckpt_dir, meta, files = read_save(path)
     try:
         cfg = ModelConfig.from_dict(meta["model"])
     except (KeyError, TypeError, ConfigError) as e:
         raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
+    tokenizer_file = ckpt_dir / "tokenizer.model"
     try:
-        check_vocab(cfg, ckpt_dir / "tokenizer.model")
+        check_pieces(cfg, tokenizer_file, spm.SentencePieceProcessor(model_proto=files["tokenizer.model"]).vocab_size())
+    except RuntimeError as e:  # what sentencepiece raises for bytes it cannot parse
+        raise CheckpointError(f"checkpoint {ckpt_dir}: cannot read tokenizer {tokenizer_file}: {e}") from None
     except CheckpointError as e:
         raise CheckpointError(f"checkpoint {ckpt_dir}: {e}") from None
     try:
-        state = load((ckpt_dir / "model.safetensors").read_bytes())
+        state = load(files["model.safetensors"])
     except Exception as e:  # safetensors raises its own error types for truncated or foreign files
         raise CheckpointError(f"corrupt weights {ckpt_dir / 'model.safetensors'}: {e}") from None
     if bad := non_finite(state):
@@ -156,5 +258,4 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> tup
         state["lm_head.weight"] = state["tok_emb.weight"]
     check_shapes(ckpt_dir, model, state)
     model.load_state_dict(state)
-    return model.to(device).eval(), ckpt_dir
-
+    return Checkpoint(ckpt_dir, model.to(device).eval(), files)

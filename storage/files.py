@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from errors import UsageError
+
 
 TMP_MARK = ".tmp-"  # atomic_write's temporary file: <name>.tmp-<pid of the writer>
 
@@ -30,6 +32,18 @@ def atomic_write(path: Path, write) -> None:
     """write(f) fills a temporary file beside `path` (opened "wb"), which then replaces `path` in one rename."""
     with atomic_file(path) as tmp, open(tmp, "wb") as f:
         write(f)
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A script's output file or folder: an OSError in the block (a full disk, a missing or read-only folder, a
+    directory where a file goes) becomes one UsageError line, `cannot write <path>: <the OS's reason>`, naming
+    what the user asked for rather than the temporary file that failed. Only writes go in the block, so that a
+    failed read is never called a write."""
+    try:
+        yield
+    except OSError as e:
+        raise UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def write_bytes(path: Path, data: bytes) -> None:

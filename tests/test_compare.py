@@ -312,3 +312,85 @@ def test_a_recorded_sweep_comes_back_beside_new_lines(tmp_path, capsys):
     assert rows["baseline"]["runs at best lr (n)"] == "3" and rows["baseline"]["steps"] == "?"  # bpb only
     assert rows["postnorm"]["val bpb at best lr"] == "2.2000" and rows["learned"]["best lr"] == "0.002"
     assert float(rows["learned"]["Δ bpb vs baseline"]) == pytest.approx(1.70 - 1.82, abs=1e-4)
+
+
+def change_config(run_dir, section, **values):
+    """Sets config.yaml's <section>.<key> to each value, as an override on train.py's command line would."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config[section] |= values
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_a_variant_is_named_by_its_own_differences_not_by_every_setting_that_differs(tmp_path, capsys):
+    """Four runs as README's commands leave them in outputs/: each changes one setting of the default. Named by
+    every setting that differs, each would be `model.d_model=..., model.norm=..., train.batch_size=...`."""
+    runs = tmp_path / "outputs"
+    write_run(runs / "12-00-00", None, 0, 2.00)
+    write_run(runs / "12-10-00", None, 0, 2.10, norm="layernorm")
+    write_run(runs / "12-20-00", None, 0, 1.95)
+    change_config(runs / "12-20-00", "train", batch_size=32)
+    write_run(runs / "12-30-00", None, 0, 1.90)
+    change_config(runs / "12-30-00", "model", d_model=64)
+    compare.main([str(runs), "--baseline", "12-00-00"])  # the run with the settings the others share: by its dir
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["12-00-00", "model.norm=layernorm", "train.batch_size=32", "model.d_model=64"]
+    assert float(rows["train.batch_size=32"]["Δ bpb vs baseline"]) == pytest.approx(-0.05)
+
+
+def test_two_sweeps_of_one_config_stay_apart_and_are_named_by_where_they_are(tmp_path, capsys):
+    """README's two multiruns, train.lr=1e-3,3e-3 and the same under joblib with train.threads=1: each a seed-0
+    sweep of one config. Merged, each lr would be `n=2` of two seed-0 runs, under the name `train.lr=0.001`."""
+    day = tmp_path / "multirun" / "2025-01-01"
+    finals = {"12-00-00": {1e-3: 2.00, 3e-3: 1.90}, "12-05-00": {1e-3: 2.04, 3e-3: 1.96}}
+    for sweep_dir, curve in finals.items():
+        (day / sweep_dir / ".multirun").mkdir(parents=True)  # training/multirun.py's records: a multirun's dir
+        for lr, bpb in curve.items():
+            write_lr_run(day / sweep_dir / f"train.lr={lr}", None, lr, bpb)
+            change_config(day / sweep_dir / f"train.lr={lr}", "train", threads=1 if sweep_dir == "12-05-00" else None)
+    compare.main([str(tmp_path / "multirun"), "--json", str(tmp_path / "lr.json")])
+    rows = table_rows(capsys.readouterr().out)
+    assert set(rows) == {"12-00-00", "12-05-00"}  # where each is, below the dir they share
+    for sweep_dir, curve in finals.items():
+        row = rows[sweep_dir]
+        assert (row["best lr"], row["runs at best lr (n)"]) == ("0.003", "1")
+        assert float(row["val bpb at best lr"]) == pytest.approx(curve[3e-3])
+    numbers = json.loads((tmp_path / "lr.json").read_text())["variants"]
+    assert numbers["12-05-00"]["final_bpb_seed0"] == {"0.001": 2.04, "0.003": 1.96}
+
+    compare.main([str(day / "12-00-00")])  # one sweep alone: its dir's name, not its first run's (train.lr=0.001)
+    assert list(table_rows(capsys.readouterr().out)) == ["12-00-00"]
+
+
+def test_a_variant_whose_runs_evaluated_once_is_a_point_on_the_curves(tmp_path, capsys):
+    write_run(tmp_path / "once" / "seed0", "once", 0, 2.3, steps=MAX_STEPS)
+    metrics = [json.loads(line) for line in (tmp_path / "once" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    for record in metrics[:-1]:  # one eval only, at the end (train.eval_interval past train.max_steps)
+        record.pop("val_loss", None), record.pop("val_bpb", None)
+    (tmp_path / "once" / "seed0" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    write_run(tmp_path / "every2" / "seed0", "every2", 0, 2.0)
+    compare.main([str(tmp_path), "--plot", str(tmp_path / "curves.png")])
+    assert table_rows(capsys.readouterr().out)["once"]["val bpb"] == "2.3000"
+    once = next(v for v in compare.group_runs([compare.load_run(d) for d in compare.find_run_dirs(tmp_path)])
+                if v.name == "once")
+    assert compare.bpb_curve(once, "tokens") == ([MAX_STEPS * TOKENS_PER_STEP], [2.3], [2.3], [2.3])
+    assert imread(tmp_path / "curves.png").shape[1] > 600
+
+
+@pytest.mark.parametrize("flag", ["--plot", "--json"])
+def test_an_output_that_cannot_be_written_is_one_line_after_the_table(tmp_path, capsys, flag):
+    """--plot into a folder that is a file, --json onto a directory: the table is printed whole, then one
+    error line naming the file; nothing is left beside it."""
+    for lr, bpb in {1e-3: 2.0, 2e-3: 1.9}.items():
+        write_lr_run(tmp_path / "lrs" / f"lr{lr}", "baseline", lr, bpb)
+    (tmp_path / "file").write_text("not a folder")
+    (tmp_path / "folder").mkdir()
+    out = tmp_path / "file" / "x.png" if flag == "--plot" else tmp_path / "folder"
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main([str(tmp_path / "lrs"), flag, str(out)])
+    assert exit_info.value.code == 2
+    printed = capsys.readouterr()
+    assert table_rows(printed.out)["baseline"]["best lr"] == "0.002"
+    reason = "File exists" if flag == "--plot" else "Is a directory"  # the OS's: mkdir finds the file there
+    assert printed.err == f"error: cannot write {out}: {reason}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder", "lrs"]
+    assert not any((tmp_path / "folder").iterdir())

@@ -2,6 +2,7 @@
 sampling, the context limits, EOS, the CLI's output and its bad-input errors."""
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from data.tokenizer import Tokenizer, train_tokenizer
 import generate
 from generation.engine import Engine, SamplingError, compiled_decoder, top_k_filter, top_p_filter
 from generation.kv_memory import kv_projections
+from generation.memory import available_memory, memory_shortfall
 from model import ModelConfig, Transformer
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
 from model.kv_cache import kv_cache_bytes
@@ -259,10 +261,14 @@ def run_main(capsys, *argv):
     return code, out, err
 
 
-def test_generate_prints_the_greedy_text_and_stats(run_dir, tokenizer, capsys):
-    code, out, err = run_main(capsys, "--ckpt", run_dir, "--prompt", "the king", "--max-new-tokens", 12,
+def test_generate_prints_the_greedy_text_and_stats(run_dir, tokenizer, capsys, tmp_path):
+    latest = tmp_path / "latest"  # as outputs/latest: stderr names the run dir the link points at
+    latest.symlink_to(run_dir.resolve())
+    code, out, err = run_main(capsys, "--ckpt", latest, "--prompt", "the king", "--max-new-tokens", 12,
                               "--temperature", 0)
     assert code == 0
+    checkpoint, err = err.split("\n", 1)
+    assert checkpoint == f"checkpoint: {run_dir.resolve()}"
     model = random_model(vocab_size=tokenizer.vocab_size, context_length=64)
     prompt = [tokenizer.bos_id] + tokenizer.encode("the king")
     new, _ = greedy(model, [prompt], 12, use_cache=True, eos_id=tokenizer.eos_id)
@@ -289,7 +295,7 @@ def test_compiled_decode_prints_the_eager_text_and_compiles_only_in_its_warm_up(
     monkeypatch.setattr(generate, "compiled_decoder", warm_up_and_count)
     code_compiled, out_compiled, err_compiled = run_main(capsys, *argv, "--compile")
     assert (code, code_compiled) == (0, 0) and out_compiled == out
-    assert re.match(r"torch\.compile of the decode step: \d+\.\d s\n", err_compiled), err_compiled
+    assert re.match(r"checkpoint: .*\ntorch\.compile of the decode step: \d+\.\d s\n", err_compiled), err_compiled
     assert len(graphs) == 1 and graphs[0] > before and counters["stats"]["unique_graphs"] == graphs[0]
     assert "torch.compile" not in err
 
@@ -360,6 +366,35 @@ def test_bad_checkpoints_get_one_line_and_exit_2(run_dir, tmp_path, capsys, file
     code, out, err = run_main(capsys, "--ckpt", path)
     assert code == 2 and out == ""
     assert message in err and err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_memory_shortfall_holds_the_needs_to_the_free_memory():
+    free, source = available_memory("cpu")
+    assert 0 < free <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert source in ("MemAvailable in /proc/meminfo", "left under the cgroup's memory.max", "free pages (sysconf)")
+    assert memory_shortfall({"a": free // 4, "b": 0}, "cpu") is None
+    message = memory_shortfall({"a": 2 * free, "b": 0}, "cpu")  # a part of 0 bytes is left out of the list
+    numbers = re.fullmatch(r"needs at least ([\d.]+) GB \(a ([\d.]+) GB\) more than the ([\d.]+) GB .+",
+                           message.replace(",", ""))  # thousands' commas out, the one after the list too
+    needed, part, available = map(float, numbers.groups())
+    assert needed == part == pytest.approx(2 * free / 1e9, abs=0.05)
+    assert available == pytest.approx(free / 1e9, rel=0.1)  # read again: other processes move it a little
+
+
+def test_sizes_past_the_memory_are_one_line_before_anything_is_allocated(run_dir, capsys):
+    # 10^12 positions: RoPE's fp32 cos and sin tables alone, 2 x 10^12 x 8 dims x 4 bytes, are 64 TB
+    code, out, err = run_main(capsys, "--ckpt", run_dir, "--context", 10**12, "--device", "cpu")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert err.startswith("error: --context=1000000000000 needs at least 64,000.0 GB (the position tables "
+                          "64,000.0 GB), more than the ")
+    # the token window and the cache, at the call: 10^6 samples x (10^6 + 1) int64 ids = 8 TB, and
+    # 2 x 2 layers x 2 KV heads x 8 dims x 10^6 positions x 10^6 samples x 4 bytes = 256 TB
+    engine = Engine(random_model(context_length=64), context=10**6)  # its tables, 64 MB, fit
+    with pytest.raises(SamplingError) as refused:
+        engine.generate([[0]], 10**6, num_samples=10**6)
+    assert str(refused.value).startswith(
+        "max_new_tokens=1000000 for 1000000 samples of up to 1,000,000 positions needs at least 264,000.0 GB "
+        "(the token window 8,000.0 GB, the KV cache 256,000.0 GB), more than the ")
 
 
 def test_generate_as_a_subprocess(run_dir, tokenizer):

@@ -4,7 +4,9 @@ counterpart."""
 import copy
 import json
 import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -151,6 +153,58 @@ def test_export_refuses_non_empty_out_unless_force(tmp_path, tokenizer_file, cap
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", out, "--force") == 0
     assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "hf"]
+
+
+def training_run(folder: Path, tokenizer_file: Path) -> Path:
+    """A run dir as train.py leaves it, as far as export can tell: its config.yaml and its checkpoint in ckpt/."""
+    save_checkpoint(folder / "ckpt", far_from_init(Transformer(llama_cfg())), tokenizer_file)
+    (folder / "config.yaml").write_text("train:\n  max_steps: 8\n")
+    return folder
+
+
+def files_and_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("out, force, why", [
+    ("ckpt/hf", False, "is inside the checkpoint dir {run}/ckpt"),  # the next save would delete it
+    ("ckpt/m.gguf", False, "is inside the checkpoint dir {run}/ckpt"),
+    ("ckpt.tmp/hf", True, "is inside the checkpoint dir {run}/ckpt.tmp"),  # where the next save starts
+    ("ckpt.old", True, "is the checkpoint dir {run}/ckpt.old"),
+    ("ckpt", True, "is the checkpoint dir {run}/ckpt"),  # --force would replace the training checkpoint
+    (".", True, "holds the checkpoint {run}/ckpt, which --force never replaces")])
+def test_export_never_goes_into_or_replaces_a_training_checkpoint(tmp_path, tokenizer_file, capsys, out, force, why):
+    run = training_run(tmp_path / "run", tokenizer_file)
+    before = files_and_bytes(tmp_path)
+    fmt = ["--format", "gguf"] if out.endswith(".gguf") else []
+    assert run_export("--ckpt", run, "--out", run / out, *fmt, *(["--force"] if force else [])) == 2
+    assert why.format(run=run) in one_error_line(capsys)
+    assert files_and_bytes(tmp_path) == before and sorted(p.name for p in run.iterdir()) == ["ckpt", "config.yaml"]
+
+
+def test_export_names_the_run_it_read_by_its_real_path_and_a_failed_write_keeps_the_old_export(tmp_path,
+                                                                                               tokenizer_file, capsys):
+    """Through a link, as outputs/latest is; then the same export with --force while files may not grow past half
+    the weights (a disk that fills): one error line naming --out, after what was read, and the first export whole."""
+    run = training_run(tmp_path / "run", tokenizer_file)
+    (tmp_path / "latest").symlink_to(run)
+    export = ("--ckpt", tmp_path / "latest", "--out", tmp_path / "hf")
+    assert run_export(*export) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"checkpoint: {run.resolve()}"
+    before = files_and_bytes(tmp_path / "hf")
+    limit = (run / "ckpt" / "model.safetensors").stat().st_size // 2
+    handler, limits = signal.signal(signal.SIGXFSZ, signal.SIG_IGN), resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:  # a write past the limit fails with EFBIG (SIGXFSZ ignored), as a full disk fails with ENOSPC
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limits[1]))
+        code = run_export(*export, "--force")
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    captured = capsys.readouterr()
+    assert code == 2 and captured.err == f"error: cannot write {tmp_path / 'hf'}: File too large\n"
+    assert captured.out == f"checkpoint: {run.resolve()}\n"
+    assert files_and_bytes(tmp_path / "hf") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "latest", "run"]  # no hf.tmp left
 
 
 def test_export_refuses_vocab_mismatch(tmp_path, tokenizer_file, capsys):

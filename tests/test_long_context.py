@@ -4,6 +4,10 @@ with a longer context, the GGUF keys, and the refusals."""
 import hashlib
 import json
 import math
+import resource
+import signal
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +19,9 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import evaluate
 import generate
-from data_helpers import run_train, summary, train_in_process
+from data_helpers import metrics, run_train, summary, train_in_process
 from errors import ConfigError
-from insight.lengths import position_nats, score
+from insight.lengths import position_nats, run_val_split, score
 from interop.hf_llama import hf_config
 from interop.load import load_model
 from interop_helpers import VOCAB, llama_cfg, one_error_line, run_export
@@ -203,15 +207,95 @@ def test_evaluate_writes_both_modes_per_length_and_a_figure(source_run, tmp_path
     (["--lengths", "32", "--rope-scaling", "yarn"], "--rope-scaling and --rope-factor go together"),
     (["--lengths", "32", "--rope-scaling", "yarn", "--rope-factor", "1"], "model.rope_factor=1.0 must be > 1"),
     (["--lengths", "32", "--stride", "40"], "--stride=40 is longer than the length 32"),
+    (["--lengths", "300", "--mode", "training"], "--lengths=300 --mode training: training's eval set, "
+                                                 "train.eval_tokens=256 tokens of a val split of"),
 ])
 def test_evaluate_refuses_bad_flags_with_one_line(source_run, capsys, args, message):
     assert evaluate.main(["--ckpt", str(source_run), *args]) == 2
     assert message in one_error_line(capsys)
 
 
-def test_evaluate_and_generate_refuse_a_learned_table_past_its_length(tokenizer_file, capsys, tmp_path):
-    run_dir = tmp_path / "learned"  # refused before any data is read: a checkpoint alone will do
+def test_evaluate_at_the_trained_length_equals_trainings_last_val_bpb(source_run, tmp_path, capsys):
+    latest = tmp_path / "latest"  # as outputs/latest: evaluate.py names the run dir the link points at
+    latest.symlink_to(source_run)
+    out = tmp_path / "training.json"
+    assert evaluate.main(["--ckpt", str(latest), "--lengths", "32", "--mode", "training", "--json", str(out)]) == 0
+    assert f"checkpoint: {source_run.resolve()}" in capsys.readouterr().out.splitlines()
+    ours = json.loads(out.read_text())["results"][0]
+    logged = [m["val_bpb"] for m in metrics(source_run) if "val_bpb" in m][-1]
+    assert summary(source_run)["val_bpb"] == logged
+    assert (ours["windows"], ours["tokens"]) == (256 // 32, 256)  # train.eval_tokens=256 at the context of 32
+    # Training sums each micro-batch's float32 mean loss (4 windows x 32 tokens), evaluate.py each token's float32
+    # loss in float64: a float32 sum of n positive terms is within (n - 1) * 2^-24 of the exact one, relatively
+    tolerance = (4 * 32 - 1) * 2**-24 * logged
+    assert abs(ours["val_bpb"] - logged) <= tolerance
+    # the default cut scores the split's first tokens in consecutive windows, not training's spread-out ones:
+    # more tokens and another number (docs/long_context.md)
+    assert evaluate.main(["--ckpt", str(source_run), "--lengths", "32", "--mode", "chunked", "--json", str(out)]) == 0
+    chunked = json.loads(out.read_text())["results"][0]
+    assert chunked["tokens"] > 256 and abs(chunked["val_bpb"] - logged) > 100 * tolerance
+
+
+def test_evaluate_refuses_a_length_past_the_split_before_allocating(source_run, capsys):
+    clock = time.perf_counter()  # growing RoPE's tables to 10^9 positions first took minutes, or the machine
+    assert evaluate.main(["--ckpt", str(source_run), "--lengths", "1000000000", "--max-tokens", "2000000000"]) == 2
+    assert time.perf_counter() - clock < 5
+    n_val = len(run_val_split(source_run / "ckpt")[0])
+    assert one_error_line(capsys) == (f"error: --lengths=1000000000: the val split's first --max-tokens=2000000000 "
+                                      f"hold {n_val:,} tokens, fewer than a window of 1,000,000,000 + 1\n")
+
+
+@pytest.mark.parametrize("flag", ["--json", "--plot"])
+@pytest.mark.parametrize("where, reason", [("dir", "Is a directory"), ("missing/x", "No such file or directory"),
+                                           ("file/x", "Not a directory")])
+def test_evaluate_refuses_an_output_no_write_can_succeed_at_before_scoring(source_run, tmp_path, capsys, flag, where,
+                                                                          reason):
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "file").write_text("")
+    path = tmp_path / where
+    assert evaluate.main(["--ckpt", str(source_run), "--lengths", "32", flag, str(path)]) == 2
+    assert capsys.readouterr() == ("", f"error: cannot write {path}: {reason}\n")  # nothing loaded nor scored
+
+
+@contextmanager
+def small_files(limit: int):
+    """Files may not grow past `limit` bytes inside the block, as on a full disk: a write past it fails with EFBIG
+    (SIGXFSZ, which would kill the writer, ignored meanwhile)."""
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limits[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_write_that_fails_keeps_the_files_as_they_were_and_the_results(source_run, tmp_path, capsys):
+    out, png = tmp_path / "lengths.json", tmp_path / "lengths.png"
+    args = ["--ckpt", str(source_run), "--lengths", "32", "--mode", "chunked", "--json", str(out)]
+    assert evaluate.main(args) == 0
+    before = {path: path.read_bytes() for path in (out, png)}
+    capsys.readouterr()
+    # no room for the JSON: it and the figure stay as they were, and the results come to stdout
+    with small_files(64):
+        code = evaluate.main([*args, "--bucket", "8"])
+    printed, err = capsys.readouterr()
+    assert (code, err) == (2, f"error: cannot write {out}: File too large\n")
+    results = json.loads(printed[printed.index("{"):])
+    assert [b["end"] for b in results["results"][0]["buckets"]] == [8, 16, 24, 32]
+    assert {path: path.read_bytes() for path in (out, png)} == before
+    # room for the JSON, not the figure: the new JSON, and the previous PNG whole (not truncated in place)
+    with small_files(len(before[png]) // 2):
+        code = evaluate.main([*args, "--bucket", "8"])
+    assert (code, capsys.readouterr().err) == (2, f"error: cannot write {png}: File too large\n")
+    assert json.loads(out.read_text()) == results and png.read_bytes() == before[png]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lengths.json", "lengths.png"]  # no temporary left
+
+
+def test_evaluate_and_generate_refuse_a_learned_table_past_its_length(source_run, tokenizer_file, capsys, tmp_path):
+    run_dir = tmp_path / "learned"  # refused before any scoring: the source run's data will do
     save_checkpoint(run_dir / "ckpt", Transformer(llama_cfg(position="learned", context_length=32)), tokenizer_file)
+    (run_dir / "config.yaml").write_bytes((source_run / "config.yaml").read_bytes())
     assert evaluate.main(["--ckpt", str(run_dir), "--lengths", "64", "--json", str(tmp_path / "x.json")]) == 2
     assert "model.position=learned has a table of 32 positions" in one_error_line(capsys)
     assert not (tmp_path / "x.json").exists()

@@ -1,10 +1,14 @@
 """train.py -m under Hydra's basic, joblib and submitit_local launchers: every job of a sweep in a dir of its own,
-named by its swept overrides; a failed job makes the whole command exit non-zero and is named; a sweep dir in
-use, an unknown launcher and one whose plugin is not installed are one line; compare.py reads the layout."""
+named by its swept overrides; a failed job makes the whole command exit non-zero and is named; a job killed with
+SIGKILL costs itself alone, a signal to the launching command stops every job once, each saving, and the same
+command resumes them; a sweep dir in use, an unknown launcher and one whose plugin is not installed are one line;
+compare.py reads the layout."""
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ import pytest
 import compare
 from data_helpers import ROOT, TRAIN, TRAIN_ENV, summary
 from training.multirun import RECORDS
-from training.run_lock import dir_lock
+from training.run_lock import dir_lock, lock_holder
 
 # tiny_run's settings without its run dir and link: a multirun names its own dirs
 SWEEP_SETTINGS = ["train.seed=0", "model.d_model=32", "model.n_layers=1", "model.n_heads=2", "model.n_kv_heads=1",
@@ -26,6 +30,10 @@ def multirun(workdir, tiny, *overrides, command=TRAIN) -> subprocess.CompletedPr
                           cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
 
 
+# the tests that read the lr multirun share one process under pytest -n (--dist loadgroup), which runs it once
+LR_SWEEP = pytest.mark.xdist_group("lr_sweep")
+
+
 @pytest.fixture(scope="module")
 def lr_sweep(workdir, tiny):
     done = multirun(workdir, tiny, "+experiment=ablation", "ablation=baseline,postnorm", "train.lr=1e-3,1e-2")
@@ -33,6 +41,7 @@ def lr_sweep(workdir, tiny):
     return workdir / "sweep"
 
 
+@LR_SWEEP
 def test_an_lr_multirun_keeps_every_run_in_a_dir_of_its_own(lr_sweep):
     runs = sorted(str(d.relative_to(lr_sweep)) for d in compare.find_run_dirs(lr_sweep))
     assert runs == [f"{variant}/train.lr={lr},train.seed=0" for variant in ("baseline", "postnorm")
@@ -40,6 +49,7 @@ def test_an_lr_multirun_keeps_every_run_in_a_dir_of_its_own(lr_sweep):
     assert all(compare.load_run(lr_sweep / run).problem is None for run in runs)
 
 
+@LR_SWEEP
 def test_compare_reads_the_multirun_as_an_lr_study(lr_sweep, capsys):
     compare.main([str(lr_sweep)])
     out = capsys.readouterr().out
@@ -114,3 +124,95 @@ def test_an_unknown_or_missing_launcher_is_one_line_before_any_job(workdir, tiny
     done = multirun(sweep.parent, tiny, f"hydra/launcher={launcher}", "train.lr=1e-3,2e-3", command=command)
     assert (done.returncode, done.stderr.strip()) == (2, f"error: {message}")
     assert not sweep.exists()
+
+
+def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the multirun ended (exit {process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.1)
+
+
+def alive(pid: int | None) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except (ProcessLookupError, TypeError):
+        return False
+
+
+# Jobs that train until a signal ends them: 600 s of budget, which no job of these tests reaches
+STOPPABLE = ["train.seed=0,1,2", "train.time_budget=600", "train.max_steps=null", "train.threads=1",
+             "train.log_interval=1", "train.ckpt_interval=1000"]
+
+
+@pytest.mark.parametrize("launcher, signum", [([], signal.SIGINT),
+                                              (["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], signal.SIGTERM),
+                                              (["hydra/launcher=submitit_local"], signal.SIGINT)],
+                         ids=["basic-SIGINT", "joblib-SIGTERM", "submitit_local-SIGINT"])
+def test_a_killed_job_costs_itself_alone_and_a_signal_stops_every_job_once(workdir, tiny, launcher, signum):
+    """kill -9 of one job's training process: the launcher goes on. Then a signal to the launching process: every
+    running job saves and stops, no job starts, none outlives the command, whose last line names each job's end."""
+    sweep = workdir / f"stopped-{launcher[0].split('=')[1] if launcher else 'basic'}" / "sweep"
+    data = [o for o in tiny if o.startswith("data")]
+    command = [*TRAIN, "-m", *data, *SWEEP_SETTINGS, *launcher, *STOPPABLE, f"hydra.sweep.dir={sweep}"]
+    jobs = [sweep / f"train.seed={seed}" for seed in range(3)]
+    started = subprocess.Popen(command, cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        training = lambda: [job for job in jobs if (job / "metrics.jsonl").is_file()]  # noqa: E731
+        wait_for(training, "job training", started)
+        killed = training()[0]
+        os.kill(lock_holder(killed / ".lock"), signal.SIGKILL)
+        wait_for(lambda: set(training()) - {killed}, "second job training", started)  # the launcher went on
+        started.send_signal(signum)
+        _, err = started.communicate(timeout=120)
+    finally:
+        started.kill()
+    assert started.returncode == 128 + signum, err[-3000:]
+    ends = err.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert ends.startswith(f"stopped: {name}: 3 of 3 jobs stopped before their end: ") and \
+        ends.endswith("; the same command resumes them"), ends
+    assert f"{killed} (killed by SIGKILL)" in ends
+    for job in set(jobs) - {killed}:
+        assert f"{job} (stopped by {name})" in ends or f"{job} (never started)" in ends, ends
+        assert not alive(lock_holder(job / ".lock"))  # no job outlives the command
+        if f"{job} (stopped by {name})" in ends:  # it saved the step it stopped after
+            saved = summary(job)
+            assert saved["stop_reason"] == name and (job / "ckpt" / "config.json").is_file()
+    if not launcher:  # the same command again, with an end in sight: the stopped and killed jobs resume, the rest start
+        again = subprocess.run([*command, "train.max_steps=12"], cwd=ROOT, env=TRAIN_ENV, capture_output=True,
+                               text=True, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert all(summary(job)["stop_reason"] == "completed" for job in jobs)
+        resumed = [job for job in jobs if f"{job} | resumed at step" in again.stdout]
+        assert resumed == [job for job in jobs if f"{job} (stopped by {name})" in ends]
+
+
+def test_a_launching_process_killed_outright_leaves_no_job_running(workdir, tiny):
+    """kill -9 of the launching command (a closed terminal, an out-of-memory kill): its jobs get SIGTERM, save and
+    stop, whichever process ran them (joblib's workers here)."""
+    sweep = workdir / "orphans" / "sweep"
+    data = [o for o in tiny if o.startswith("data")]
+    started = subprocess.Popen([*TRAIN, "-m", *data, *SWEEP_SETTINGS, "hydra/launcher=joblib",
+                                "hydra.launcher.n_jobs=2", *STOPPABLE, f"hydra.sweep.dir={sweep}"],
+                               cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
+    jobs = [sweep / f"train.seed={seed}" for seed in range(2)]
+    try:
+        wait_for(lambda: all((job / "metrics.jsonl").is_file() for job in jobs), "two jobs training", started)
+        started.kill()
+        started.wait()
+        pids = [lock_holder(job / ".lock") for job in jobs]
+        deadline = time.monotonic() + 60
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not any(alive(pid) for pid in pids)
+    assert [summary(job)["stop_reason"] for job in jobs] == ["SIGTERM", "SIGTERM"]
+    assert all((job / "ckpt" / "config.json").is_file() for job in jobs)

@@ -431,6 +431,20 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, message, rope_ru
     assert sorted(tmp_path.rglob("*")) == before and not (learned_ckpt.parent / "report").exists()
 
 
+def test_a_report_that_cannot_be_written_is_one_line_after_the_run_it_read(rope_run, tmp_path, capsys):
+    """--ckpt through a link, as outputs/latest is: the run's real path is printed (the link moves with the next
+    run); an --out inside a file cannot be made: one error line naming it, and nothing is written."""
+    (tmp_path / "latest").symlink_to(rope_run)
+    (tmp_path / "file").write_text("not a folder")
+    out = tmp_path / "file" / "report"
+    before = sorted(tmp_path.rglob("*"))
+    assert report.main(["--ckpt", str(tmp_path / "latest"), "--prompt", PROMPT, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == f"checkpoint: {rope_run.resolve()}"
+    assert captured.err == f"error: cannot write {out}: Not a directory\n"
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def corrupted(run: Path, tmp_path: Path) -> Path:
     broken = tmp_path / "broken"
     shutil.copytree(run / "ckpt", broken)

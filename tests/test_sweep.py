@@ -18,7 +18,8 @@ from matplotlib.image import imread
 import compare
 import sweep
 from data_helpers import ROOT, TRAIN_ENV, write_corpus
-from training.run_lock import dir_lock
+from training.multirun import RECORDS
+from training.run_lock import dir_lock, lock_holder
 
 LRS = (3e-3, 3e-2)
 
@@ -33,7 +34,12 @@ def tiny_study(root: Path) -> list[str]:
             f"latest_link={root / 'latest'}"]
 
 
-@pytest.fixture(scope="module")
+# the tests that read the study run in one process (pytest -n's --dist loadgroup), which trains it once: for the
+# session, since a module's fixture is made again when that process comes back to the module from another one
+STUDY = pytest.mark.xdist_group("study")
+
+
+@pytest.fixture(scope="session")
 def study(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     out = root / "study"
@@ -43,6 +49,7 @@ def study(tmp_path_factory):
     return out, args
 
 
+@STUDY
 def test_every_point_of_the_study_ran_in_its_own_dir(study):
     out, _ = study
     best = json.loads((out / "best_lr.json").read_text())
@@ -57,6 +64,7 @@ def test_every_point_of_the_study_ran_in_its_own_dir(study):
     assert "warmup_fraction: 0.0" in (out / "baseline-nowarmup" / f"lr{LRS[0]:.4g}" / "seed0" / "config.yaml").read_text()
 
 
+@STUDY
 def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys):
     out, args = study
     killed = out / "baseline" / f"lr{LRS[0]:.4g}" / "seed0"
@@ -70,6 +78,7 @@ def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys
     assert "Joblib.Parallel(n_jobs=2" in (out / "logs" / "grid.log").read_text()  # the stage went through joblib
 
 
+@STUDY
 def test_compare_reads_the_study_as_a_learning_rate_sweep(study, tmp_path, capsys):
     out, _ = study
     compare.main([str(out), "--lr-plot", str(tmp_path / "lr.png"), "--plot", str(tmp_path / "curves.png"),
@@ -150,7 +159,9 @@ def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tm
     out = tmp_path / "study"
     command = [sys.executable, str(ROOT / "sweep.py"), "--out", str(out), "--variants", "baseline", "--probe",
                "--lrs", "1e-3", "2e-3", "--seeds", "1", "--widen", "0", "--", *tiny_study(tmp_path),
-               "train.max_steps=null", "train.time_budget=1", "train.log_interval=1",  # runs of 1 s on any machine
+               # runs of 5 s on any machine: a margin for the signal's way to the run (it used to be 1 s, and the
+               # run sometimes completed first on a busy machine)
+               "train.max_steps=null", "train.time_budget=5", "train.log_interval=1",
                "train.ckpt_interval=1000", "train.sample_interval=1000"]  # the ablation's follow max_steps
     study = subprocess.Popen(command, cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True, preexec_fn=like_a_terminals_foreground_job)
@@ -161,14 +172,85 @@ def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tm
     os.killpg(study.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole foreground group
     _, err = study.communicate(timeout=120)
     assert study.returncode == 130, err[-2000:]
-    assert err.splitlines() == ["stopped: the runs in progress saved a checkpoint and stopped; the same command "
-                                "resumes the study (finished runs are kept, stopped ones run again)"]
+    assert err.splitlines() == ["stopped: SIGINT: the runs in progress saved a checkpoint and stopped; the same "
+                                "command resumes the study (finished runs are kept, stopped ones continue from their "
+                                "checkpoints)"]
     assert json.loads((first.parent / "summary.json").read_text())["stop_reason"] != "completed"
     again = subprocess.run(command, cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-2000:]
     assert [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith("[")] == [
         "[1] baseline/lr0.001/seed0", "[2] baseline/lr0.002/seed0"]
     assert json.loads((first.parent / "summary.json").read_text())["ended_by"] == "time_budget"
+
+
+def test_the_study_is_planned_from_results_so_the_same_command_gives_the_same_study(tmp_path, capsys):
+    """Learning rates far below the best, so that the highest is best on both sides of every step: the edge stage
+    adds one point (--widen 1) and the study ends there. A point beyond the grid whose run lost its result (killed
+    before its summary) trains again, and a finished study run again is the same study: no new point, no new
+    best lr."""
+    out = tmp_path / "study"
+    args = ["--out", str(out), "--variants", "baseline", "--probe", "--lrs", "1e-5", "2e-5", "--seeds", "1",
+            "--widen", "1", "--", *tiny_study(tmp_path)]
+    sweep.main(args)
+    assert "edges1: 1 runs" in capsys.readouterr().out
+    assert json.loads((out / "best_lr.json").read_text()) == {"baseline": 4e-5}
+    edge = out / "baseline" / "lr4e-05" / "seed0"
+    (edge / "summary.json").unlink()
+    sweep.main(args)
+    ran = [line.split(":")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert ran == ["[1] baseline/lr4e-05/seed0"] and json.loads((edge / "summary.json").read_text())["stop_reason"] == "completed"
+    sweep.main(args)
+    printed = capsys.readouterr().out
+    assert "grid: 2 of 2 runs kept" in printed and "edges1: 1 of 1 runs kept" in printed
+    assert not [line for line in printed.splitlines() if line.startswith("[")]
+    assert sorted(d.name for d in (out / "baseline").iterdir()) == ["lr1e-05", "lr2e-05", "lr4e-05"]
+    assert json.loads((out / "best_lr.json").read_text()) == {"baseline": 4e-5}
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP])
+def test_a_study_killed_outright_stops_its_runs_and_a_live_multirun_is_never_touched(tmp_path, signum, capsys):
+    """sweep.py killed (kill -9, or SIGHUP: a closed terminal): the multirun it started gets SIGTERM, and the run
+    in progress saves and stops. While a multirun still holds the study's dir, the next call is one line and
+    changes nothing."""
+    out = tmp_path / "study"
+    args = ["--out", str(out), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3", "--seeds", "1",
+            "--widen", "0", "--", *tiny_study(tmp_path), "train.max_steps=null", "train.time_budget=600",
+            "train.log_interval=1", "train.ckpt_interval=1000", "train.sample_interval=1000"]
+    study = subprocess.Popen([sys.executable, str(ROOT / "sweep.py"), *args], cwd=ROOT, env=TRAIN_ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    run = out / "baseline" / "lr0.001" / "seed0"
+    deadline = time.monotonic() + 120
+    while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline and study.poll() is None:
+        time.sleep(0.1)
+    training, multirun = lock_holder(run / ".lock"), lock_holder(out / RECORDS / "lock")
+    study.send_signal(signum)
+    study.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while (_alive(training) or _alive(multirun)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(training) or _alive(multirun):
+        for pid in (training, multirun):
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the multirun went on after sweep.py got {signal.Signals(signum).name}")
+    assert json.loads((run / "summary.json").read_text())["stop_reason"] == "SIGTERM"
+    assert (run / "ckpt" / "config.json").is_file()
+    before = {path: path.read_bytes() for path in run.rglob("*") if path.is_file()}
+    with dir_lock(out / RECORDS / "lock", "held by this test, as a multirun of an earlier call would hold it"):
+        with pytest.raises(SystemExit) as exit_info:
+            sweep.main(args)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --out {out}: a multirun of an earlier call still runs there (pid {os.getpid()}); wait for it to "
+        f"end, or stop it with kill -INT {os.getpid()}"]
+    assert {path: path.read_bytes() for path in run.rglob("*") if path.is_file()} == before
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 def test_the_slurm_command_of_docs_cluster_md_composes():

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from data_helpers import TRAIN_ENV, metrics, run_train as train, summary as run_summary
 from storage.checkpoint import load_checkpoint
+from storage.files import atomic_symlink
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8
@@ -33,15 +34,24 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
+# the tests that read the full run share one process under pytest -n (--dist loadgroup), which trains it once
+FULL_RUN = pytest.mark.xdist_group("full_run")
+
+
 @pytest.fixture(scope="module")
-def full_run(workdir, tiny) -> Path:
+def full_training(workdir, tiny) -> subprocess.CompletedProcess:
     """MAX_STEPS in one go, tracked by W&B offline (it must write locally and never ask for a login)."""
-    run_dir = workdir / "full"
-    done = train(run_dir, *tiny, f"train.max_steps={MAX_STEPS}", "wandb.mode=offline")
+    done = train(workdir / "full", *tiny, f"train.max_steps={MAX_STEPS}", "wandb.mode=offline")
     assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
+    return done
 
 
+@pytest.fixture(scope="module")
+def full_run(full_training, workdir) -> Path:
+    return workdir / "full"
+
+
+@FULL_RUN
 def test_run_writes_checkpoint_metrics_config_and_summary(full_run):
     lines = metrics(full_run)
     assert [m["step"] for m in lines] == list(range(1, MAX_STEPS + 1))
@@ -83,6 +93,49 @@ def test_run_writes_checkpoint_metrics_config_and_summary(full_run):
     assert {key: theirs[key] for key in shared} == {key: summary[key] for key in shared}
 
 
+@FULL_RUN
+def test_the_last_line_gives_the_final_val_bpb_beside_the_steps_and_tokens(full_training, full_run):
+    last = full_training.stderr.rstrip().splitlines()[-1]
+    bpb = run_summary(full_run)["val_bpb"]
+    assert bpb == metrics(full_run)[-1]["val_bpb"]  # the last step's eval
+    assert last.startswith(f"llama_tiny-norm=layernorm: done: val bpb {bpb:.4f} after {MAX_STEPS} steps, "
+                           f"{MAX_STEPS * BATCH * CONTEXT / 1e6:.2f} M tokens in ")
+
+
+@FULL_RUN
+def test_a_run_from_the_latest_runs_weights_names_them_and_records_their_resolved_path(full_run, workdir, tiny):
+    """train.init_from=<the latest link>: the first line names the run dir the link resolved to, and so does
+    config.yaml, though the link then moves to this very run."""
+    latest = workdir / "latest"
+    atomic_symlink(latest, full_run)
+    run_dir = workdir / "from-latest"
+    done = train(run_dir, *tiny, f"train.init_from={latest}", "train.max_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{run_dir} | from the weights of {full_run.resolve()}\n" in done.stdout
+    assert latest.resolve() == run_dir.resolve()
+    assert OmegaConf.load(run_dir / "config.yaml").train.init_from == str(full_run.resolve())
+    # the same command resumed, though the link now names this run: a resume reads its checkpoint, not init_from
+    again = train(run_dir, *tiny, f"train.init_from={latest}", "train.max_steps=3", "train.resume=true")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed at step 2" in again.stdout
+    assert OmegaConf.load(run_dir / "config.yaml").train.init_from == str(full_run.resolve())
+
+
+@FULL_RUN
+def test_a_multirun_leaves_the_latest_link_where_it_was(full_run, workdir, tiny):
+    """A multirun of one job (-m makes it one): the job trains, and the link still names the last single run."""
+    latest = workdir / "latest"
+    atomic_symlink(latest, full_run)
+    sweep_dir = workdir / "sweep-latest"
+    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *tiny, "train.max_steps=2",
+                           f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [run_summary(job.parent)["steps"] for job in sweep_dir.glob("*/summary.json")] == [2]
+    assert latest.resolve() == full_run.resolve()
+
+
+@FULL_RUN
 def test_half_then_resume_matches_one_go(full_run, workdir, tiny):
     run_dir = workdir / "halves"
     first = train(run_dir, *tiny, f"train.max_steps={MAX_STEPS // 2}", f"train.lr_decay_steps={MAX_STEPS}")

@@ -229,6 +229,9 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
             if value is None:
                 OmegaConf.update(cfg, key, before[key], merge=False)
             continue
+        if key == "train.init_from":  # the weights the run started from (resolved); a resume reads its checkpoint
+            OmegaConf.update(cfg, key, before[key], merge=False)
+            continue
         if key not in named and value == default.get(key):
             OmegaConf.update(cfg, key, before[key], merge=False)
         elif key in RESUME_MAY_CHANGE:

@@ -1,4 +1,4 @@
-"""A multirun (python train.py -m ..., under any Hydra launcher) that keeps every run and fails loudly.
+"""A multirun (python train.py -m ..., under any Hydra launcher) that keeps every run, stops cleanly and fails loudly.
 
 Hydra's launchers run a job where they like: in the launching process (basic), in a worker process (joblib),
 in a process of its own or on another machine (submitit_local, submitit_slurm). Everything here works from
@@ -12,31 +12,49 @@ what Hydra hands each job, never from the launching process's memory or its sys.
   multirun's own overrides (MultirunRecord.on_multirun_start). Hydra copies that config's resolver cache into
   every job's config (so that `${now:}` names one sweep dir for all the jobs), and `${swept_keys:}` travels
   in it: a worker or a SLURM node gets the multirun's keys and takes only the values from its own job.
-- A job that fails does not stop the others. Each job records how it ended in
-  <sweep dir>/.multirun/<job number>.json, from the process that ran it; at the end, the launching process
-  reads every record and, if any job failed, exits 1 with one `error:` line that names each failed job and its
-  exit code. A sweep that lost runs never reports success. (A signal still stops the sweep at once: train.py
-  exits with it. A job whose process was killed outright makes the launcher itself raise: joblib's
-  TerminatedWorkerError, submitit's UncompletedJobError.)
+- Each job trains in a process of its own (run_job): a fork of whatever runs the job (the launching process,
+  a joblib worker, a submitit process), made once the job's config is composed, which trains it as a single
+  run in its dir. A kill of that process (SIGKILL, the out-of-memory killer) costs that job alone: the process
+  that forked it records how it ended, and the launcher goes on to the next job.
+- Each job records how it ended in <sweep dir>/.multirun/<job number>.json (its exit code; a negative one is
+  the signal that killed it; null: it never started). At the end the launching process reads every record
+  and, if any job failed, exits 1 with one `error:` line that names each failed job's dir and how it ended.
+- SIGINT, SIGTERM or SIGHUP to the launching process stops the multirun: it writes <sweep dir>/.multirun/stop,
+  each running job's starter passes the signal (SIGTERM for SIGHUP) to its training process exactly once, so
+  that it saves a checkpoint and stops, and a job that had not started does not start. The command then exits
+  128 + the signal's number with one line naming the stopped jobs. The training processes run in sessions of
+  their own, so a terminal's Ctrl-C reaches them only this way, once; one whose starter dies (the launching
+  process killed with SIGKILL) gets SIGTERM, so no job outlives the command that started it.
+- The same command again continues the multirun: train.resume=null, the default, is `auto` for a job
+  (resume where its dir holds a checkpoint, start where none is).
 - The launching process holds <sweep dir>/.multirun/lock for the whole multirun: a second multirun into the
-  same sweep dir is one `error:` line, exit 2.
+  same sweep dir is one `error:` line, exit 2. The jobs leave latest_link where it was.
 """
+import ctypes
 import json
+import os
+import signal
 import sys
+import time
+import traceback
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from errors import ConfigError
 from storage.files import write_json
-from training.run_lock import dir_lock
+from training.run_lock import dir_lock, lock_holder
 
-RECORDS = ".multirun"  # in the sweep dir: the lock and each job's end
+RECORDS = ".multirun"  # in the sweep dir: the lock, the stop request and each job's end
+POLL_S = 0.2  # how often a job's starter looks for a stop request
 
 
 def swept_keys(hydra: DictConfig) -> str:
@@ -62,6 +80,7 @@ def swept(keys: str, _root_) -> str:
 OmegaConf.register_new_resolver("swept_keys", no_keys_outside_a_multirun, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("swept", swept, replace=True)
 
+
 def carry_swept_keys(config: DictConfig) -> None:
     """Resolves ${swept_keys:} in the multirun's config, the one every job's config is made from, so that its
     resolver cache holds the keys Hydra then copies into each job's config."""
@@ -70,7 +89,104 @@ def carry_swept_keys(config: DictConfig) -> None:
     OmegaConf.select(config, "hydra.sweep.subdir", throw_on_resolution_failure=False)
 
 
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """In a child before it runs (a fork, or Popen's preexec_fn): Linux sends it `signum` when its parent ends,
+    however it ends (kill -9 included). Elsewhere a no-op; a job's starter also checks for its parent itself
+    (run_job)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
+
+
+def job_settings(cfg: DictConfig, hydra: DictConfig) -> None:
+    """What a job's run sets for itself: its W&B files go to the sweep dir and its group is the sweep's (unless
+    set); the latest-run link stays where it was; a job that was stopped or killed resumes when run again
+    (train.resume=auto, unless set)."""
+    cfg.latest_link = None
+    cfg.wandb.dir = cfg.wandb.dir or hydra.sweep.dir
+    cfg.wandb.group = cfg.wandb.group or hydra.sweep.dir
+    cfg.train.resume = "auto" if cfg.train.resume is None else cfg.train.resume
+
+
+def run_job(cfg: DictConfig, run: Callable[[DictConfig], int]) -> int | None:
+    """One job of a multirun, where its launcher runs it: `run` trains it in a process of its own (a fork of this
+    one, which has composed the job's config and imported what training needs), in a session of its own; this
+    process waits for it and passes a stop request on once. Returns the run's exit code (negative: the signal
+    that killed it), or None where the multirun was stopped before the job started."""
+    hydra = HydraConfig.get()
+    records = Path(hydra.sweep.dir) / RECORDS
+    if (records / "stop").exists():
+        return None
+    parent, own_signal = os.getppid(), []
+    launching = lock_holder(records / "lock") == os.getpid()  # basic: the launching process, whose handler stops
+    if not launching:  # a worker: a terminal's Ctrl-C is the launching process's to pass on; a scheduler's TERM ours
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda signum, frame: own_signal.append(signal.SIGTERM))
+    tqdm.get_lock()  # made once here, not in each run: a lock a fork makes and never frees reads as leaked
+    import torch._dynamo  # noqa: F401  what torch's optimizers import when the first is made (~1 s): once, here
+    sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
+    forking = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os._exit(run_forked(cfg, hydra, run, forking))
+    passed = False
+    while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
+        orphaned = not launching and os.getppid() != parent  # the launching process died: no job outlives it
+        stop = stop_signal(records) or ((own_signal or orphaned) and signal.SIGTERM)
+        # once the run holds its dir it stops at a step, saving; before, a signal could land before its handler
+        if stop and not passed and lock_holder(Path(hydra.runtime.output_dir) / ".lock") == pid:
+            os.kill(pid, stop)
+            passed = True
+        time.sleep(POLL_S)
+    return os.waitstatus_to_exitcode(ended[1])
+
+
+def run_forked(cfg: DictConfig, hydra: DictConfig, run: Callable[[DictConfig], int], forking: int) -> int:
+    """In the fork: the job's run, as a single run in the job's dir. It ends with os._exit, never returning into
+    the launcher's code (its handlers, its atexit hooks are the parent's)."""
+    try:
+        os.setsid()  # a terminal's Ctrl-C is the launching process's, passed on once
+        die_with_parent()
+        if os.getppid() != forking:  # it died before the line above could ask for its end to reach this process
+            return 128 + signal.SIGTERM
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)  # the parent's handlers are not the run's
+        job_settings(cfg, hydra)
+        return run(cfg)
+    except BaseException:  # an exception the run does not turn into an exit code: its traceback, and exit 1
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+
+
+def stop_signal(records: Path) -> int:
+    """The signal a stopped multirun passes to its jobs' training processes, 0 while it runs on."""
+    try:
+        return signal.Signals[(records / "stop").read_text().strip()]
+    except (OSError, KeyError):
+        return 0
+
+
+def how_it_ended(code: int | None) -> str:
+    if code is None:
+        return "never started"
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    if code > 128 and code - 128 in signal.valid_signals():
+        return f"stopped by {signal.Signals(code - 128).name}"
+    return f"exit {code}"
+
+
 _held = ExitStack()  # the launching process's lock on the sweep dir, from the multirun's start to its end
+_stopped_by = []  # the signal that stopped the multirun, in the launching process
+
+
+def request_stop(records: Path, signum: int, frame=None) -> None:
+    """The launching process's handler of SIGINT, SIGTERM and SIGHUP: every job's starter passes the stop on."""
+    if not _stopped_by:
+        _stopped_by.append(signum)
+        passed_on = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+        (records / "stop").write_text(signal.Signals(passed_on).name)
 
 
 class MultirunRecord(Callback):
@@ -82,12 +198,14 @@ class MultirunRecord(Callback):
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             sys.exit(2)
-        for stale in records.glob("*.json"):  # an earlier multirun's, in the same sweep dir
-            stale.unlink()
+        for stale in [*records.glob("*.json"), records / "stop"]:  # an earlier multirun's, in the same sweep dir
+            stale.unlink(missing_ok=True)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, lambda signum, frame: request_stop(records, signum))
         carry_swept_keys(config)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
-        """Runs where the job ran: its end goes to the sweep dir, where the launching process reads it."""
+        """Runs where the job's starter ran: its end goes to the sweep dir, where the launching process reads it."""
         if config.hydra.mode != RunMode.MULTIRUN:  # a single run's job: nobody reads a record
             return
         code = job_return.return_value if job_return.status == JobStatus.COMPLETED else 1
@@ -96,9 +214,16 @@ class MultirunRecord(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         records = [json.loads(path.read_text()) for path in
-                   sorted((Path(config.hydra.sweep.dir) / RECORDS).glob("*.json"), key=lambda p: int(p.stem))]
+                   sorted((Path(config.hydra.sweep.dir) / RECORDS).glob("[0-9]*.json"), key=lambda p: int(p.stem))]
         _held.close()
-        failed = [f"{r['dir']} (exit {r['exit_code']})" for r in records if r["exit_code"]]
+        if _stopped_by:
+            name = signal.Signals(_stopped_by[0]).name
+            stopped = [f"{r['dir']} ({how_it_ended(r['exit_code'])})" for r in records if r["exit_code"] != 0]
+            print(f"stopped: {name}: {len(stopped)} of {len(records)} jobs stopped before their end: "
+                  f"{', '.join(stopped)}; the same command resumes them", file=sys.stderr)
+            sys.exit(128 + _stopped_by[0])
+        failed = [f"{r['dir']} ({how_it_ended(r['exit_code'])})" for r in records if r["exit_code"]]
         if failed:
             print(f"error: {len(failed)} of {len(records)} jobs failed: {', '.join(failed)}", file=sys.stderr)
             sys.exit(1)
+        print(f"multirun: {len(records)} jobs in {config.hydra.sweep.dir}", file=sys.stderr)

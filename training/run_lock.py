@@ -39,6 +39,14 @@ def dir_lock(lock_file: Path, in_use: str):
         os.close(fd)  # releases the lock
 
 
+def lock_holder(lock_file: Path) -> int | None:
+    """The pid of the process that holds (or last held) lock_file, None where there is none."""
+    try:
+        return int(lock_file.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def run_dir_lock(run_dir: Path):
     return dir_lock(run_dir / ".lock", f"hydra.run.dir={run_dir} is in use by another training run (pid {{pid}}); "
                                        f"wait for it to end or choose another hydra.run.dir")

@@ -11,17 +11,20 @@ tensors and plain Python values, read back with torch.load(weights_only=True): n
 """
 import io
 import math
+import re
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import DictConfig
 
 from errors import ConfigError
 from model.transformer import Transformer
-from storage.checkpoint import CheckpointError, load_checkpoint, resolve_ckpt_dir, save_checkpoint
+from storage.checkpoint import CheckpointError, read_checkpoint, resolve_ckpt_dir, run_dir_of, save_checkpoint
 from storage.files import write_bytes
+from training.config import init_settings, resume_settings
 
 STATE_FILE = "train_state.pt"
 
@@ -44,6 +47,19 @@ class Progress:
         self.last_val = val
         self.best_val_loss = min(val["val_loss"], self.best_val_loss or math.inf)
         return val
+
+
+def wants_resume(resume: bool | str | None, run_dir: Path) -> bool:
+    """train.resume as true or false: auto is whether the run dir holds a checkpoint (a multirun's job passes it
+    for null, training/multirun.py); null, for a single run, is false."""
+    if resume == "auto":
+        try:
+            return resolve_ckpt_dir(run_dir) is not None
+        except CheckpointError:
+            return False
+    if resume not in (True, False, None):
+        raise ConfigError(f"train.resume={resume} must be true, false or auto")
+    return bool(resume)
 
 
 def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
@@ -77,9 +93,9 @@ class RunCheckpoint:
     """The run dir's ckpt/ as training goes: saved from the live model, optimizer and progress, and the step
     it holds (None until the first save of a fresh run)."""
 
-    def __init__(self, ckpt_dir: Path, model: Transformer, tokenizer_file: Path, optimizer: torch.optim.Optimizer,
+    def __init__(self, run_dir: Path, model: Transformer, tokenizer_file: Path, optimizer: torch.optim.Optimizer,
                  progress: Progress, resumed: bool):
-        self.dir, self.model, self.tokenizer_file, self.optimizer = ckpt_dir, model, tokenizer_file, optimizer
+        self.dir, self.model, self.tokenizer_file, self.optimizer = run_dir / "ckpt", model, tokenizer_file, optimizer
         self.progress = progress
         self.step = progress.step if resumed else None
 
@@ -88,14 +104,56 @@ class RunCheckpoint:
         self.step = self.progress.step
 
 
+@dataclass
+class Start:
+    """Where a run's weights start: the checkpoint it continues (train.resume), another run's weights
+    (train.init_from, its resolved checkpoint dir), or none: freshly drawn."""
+    resume_from: Path | None = None
+    init_from: Path | None = None
+
+    @property
+    def resumed(self) -> bool:
+        return self.resume_from is not None
+
+    def load(self, model: Transformer, tokenizer_file: Path, optimizer: torch.optim.Optimizer) -> Progress:
+        """Into the freshly built model and optimizer; the progress the run goes on from."""
+        if self.resumed:
+            return resume_training(self.resume_from, model, tokenizer_file, optimizer)
+        if self.init_from is not None:  # another run's weights, this run's optimizer and schedule
+            start_from(self.init_from, model, tokenizer_file)
+        return Progress()
+
+    def describe(self, progress: Progress) -> str:
+        """For the run's first line."""
+        if self.resumed:
+            return f" | resumed at step {progress.step}"
+        return f" | from the weights of {run_dir_of(self.init_from)}" if self.init_from is not None else ""
+
+
+def run_start(cfg: DictConfig, run_dir: Path) -> Start:
+    """Where the run starts, and the settings that come with it, set in cfg: a resumed run's own (its config.yaml, with
+    what the command line may change of them), or the model and data of the run train.init_from names, which the run
+    then records by its resolved path (so that its config.yaml never names a link that moves, as outputs/latest
+    does: to this very run once it starts)."""
+    resume_from = checkpoint_to_resume(run_dir, cfg.train.resume)
+    if resume_from is not None:
+        resume_settings(cfg, run_dir)
+        return Start(resume_from=resume_from)
+    if not cfg.train.init_from:
+        return Start()
+    source = init_settings(cfg, cfg.train.init_from).resolve()
+    cfg.train.init_from = str(run_dir_of(source))
+    return Start(init_from=source)
+
+
 def start_from(ckpt_dir: Path, model: Transformer, tokenizer_file: Path) -> None:
     """train.init_from: the source checkpoint's weights into the freshly built model (its settings came from the
-    source: training/config.py's init_settings), read only: the source run is left as it is."""
-    source, _ = load_checkpoint(ckpt_dir)
-    if (ckpt_dir / "tokenizer.model").read_bytes() != Path(tokenizer_file).read_bytes():
+    source: training/config.py's init_settings), read only: the source run is left as it is, and may be saving."""
+    source = read_checkpoint(ckpt_dir)
+    if source.files["tokenizer.model"] != Path(tokenizer_file).read_bytes():
         raise CheckpointError(f"train.init_from={ckpt_dir}: its tokenizer differs from the one the data settings "
                               f"give now ({tokenizer_file})")
-    ours, theirs = model.state_dict(), source.state_dict()
+    ours, theirs = model.state_dict(), source.model.state_dict()
     for name, tensor in theirs.items():
         if ours[name].shape != tensor.shape:  # only a learned position table changes shape with the context
             raise ConfigError(f"train.init_from={ckpt_dir}: {name} has {list(tensor.shape)}, this run's model "
@@ -107,27 +165,37 @@ def start_from(ckpt_dir: Path, model: Transformer, tokenizer_file: Path) -> None
 def resume_training(ckpt_dir: Path, model: Transformer, tokenizer_file: Path,
                     optimizer: torch.optim.Optimizer) -> Progress:
     """Loads weights, optimizer and RNG states into the freshly built model and optimizer."""
-    saved, _ = load_checkpoint(ckpt_dir)
-    if saved.cfg != model.cfg:
-        theirs = saved.cfg.to_dict()
+    saved = read_checkpoint(ckpt_dir)
+    if saved.model.cfg != model.cfg:
+        theirs = saved.model.cfg.to_dict()
         changed = ", ".join(f"model.{k}={v} (checkpoint: {theirs[k]})"
                             for k, v in model.cfg.to_dict().items() if theirs[k] != v)
         raise CheckpointError(f"cannot resume {ckpt_dir}: this run's config differs from the checkpoint's: {changed}")
-    if (ckpt_dir / "tokenizer.model").read_bytes() != Path(tokenizer_file).read_bytes():
+    if saved.files["tokenizer.model"] != Path(tokenizer_file).read_bytes():
         raise CheckpointError(f"cannot resume {ckpt_dir}: its tokenizer differs from the one the data settings "
                               f"give now ({tokenizer_file})")
+    if STATE_FILE not in saved.files:
+        raise CheckpointError(f"cannot resume {ckpt_dir}: it has no {STATE_FILE} (weights only)")
     try:
-        state = torch.load(ckpt_dir / STATE_FILE, weights_only=True)
-        model.load_state_dict(saved.state_dict())
+        state = torch.load(io.BytesIO(saved.files[STATE_FILE]), weights_only=True)
+        model.load_state_dict(saved.model.state_dict())
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"]["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
         return progress_from(state["progress"])
-    except FileNotFoundError:
-        raise CheckpointError(f"cannot resume {ckpt_dir}: it has no {STATE_FILE} (weights only)") from None
-    except Exception as e:  # a truncated file, or one from another version of this code
-        raise CheckpointError(f"cannot resume {ckpt_dir}: unreadable {STATE_FILE}: {e}") from None
+    except Exception as e:  # a truncated file, one from another version of this code, one weights_only refuses
+        raise CheckpointError(f"cannot resume {ckpt_dir}: unreadable {STATE_FILE}: {load_error(e)}") from None
+
+
+def load_error(error: Exception) -> str:
+    """torch.load's error in one line. weights_only's refusal of an object whose loading would run code is lines of
+    advice around its reason, which is kept."""
+    refused = re.search(r"WeightsUnpickler error: (.+?)(\.\s|$)", str(error), re.MULTILINE)
+    if refused:
+        return f"it holds more than tensors and plain values: {refused[1]}"
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
 
 
 PROGRESS_TYPES = {"step": (int, "an integer"), "tokens": (int, "an integer"), "elapsed_s": ((int, float), "a number"),

@@ -4,7 +4,8 @@ samples go to the screen too, and its last line says how the run ended).
     run_dir/metrics.jsonl   one JSON object per logged step, appended and flushed line by line
     run_dir/summary.json    num_params, kv_cache_bytes_per_token, vocab_size, name from the start;
                             the final metrics and stop_reason added at the end
-    run_dir/wandb/          the W&B run (offline runs: wandb/offline-run-*, for `wandb sync`)
+    run_dir/config.yaml     the resolved settings, written whole or not at all (what a resume takes its settings from)
+    run_dir/wandb/          the W&B run (offline runs: wandb/offline-run-*, for `wandb sync`), or under wandb.dir
 
 W&B mode (wandb.mode): online, offline or disabled. Left null it is $WANDB_MODE if set, else online
 when a W&B login is present ($WANDB_API_KEY or a netrc entry for the W&B host), else offline, so a
@@ -17,14 +18,12 @@ import sys
 from pathlib import Path
 from urllib.parse import urlparse
 
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from errors import ConfigError
 from settings import CONFIG_DIR
-from storage.files import atomic_symlink, atomic_write, write_json
+from storage.files import atomic_symlink, atomic_write, write_json, writing
 from training.budget import overrun_reason
 
 WANDB_MODES = ("online", "offline", "disabled")
@@ -79,14 +78,17 @@ def keep_metrics_up_to(path: Path, step: int) -> None:
 def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progress, resumed: bool, model,
                    data, eval_tokens: int) -> "Tracker":
     """Writes the run's resolved config.yaml, with its name (what a resume takes its settings from), opens its
-    metrics, summary and W&B run, and points cfg.latest_link at the run dir."""
+    metrics, summary and W&B run, and points cfg.latest_link at the run dir (a multirun's jobs leave it where it
+    was: training/multirun.py runs them with latest_link=null). config.yaml is replaced in one rename: a resume
+    that fails to write it (a full disk) leaves the previous one, which agrees with the checkpoint, and the same
+    train.resume=true works once there is room."""
     cfg.wandb.name = name
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
-    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-    group = cfg.wandb.group or (HydraConfig.get().sweep.dir if multirun else None)
-    # a multirun's runs log under one W&B dir, the sweep's: `wandb leet <sweep dir>/wandb` shows them side by side
-    wandb_dir = Path(HydraConfig.get().sweep.dir) if multirun else run_dir
-    tracker = Tracker(run_dir, wandb_dir, cfg, mode, name, group, progress.wandb_id,
+    config_file = run_dir / "config.yaml"
+    with writing(config_file):
+        atomic_write(config_file, lambda f: f.write(OmegaConf.to_yaml(cfg, resolve=True).encode()))
+    # a multirun's runs log under one W&B dir, the sweep's (wandb.dir): `wandb leet <sweep dir>/wandb` shows them
+    wandb_dir = Path(cfg.wandb.dir) if cfg.wandb.dir else run_dir
+    tracker = Tracker(run_dir, wandb_dir, cfg, mode, name, cfg.wandb.group, progress.wandb_id,
                       summary={"num_params": model.num_params(), "kv_cache_bytes_per_token": model.kv_cache_bytes_per_token(),
                                "vocab_size": model.cfg.vocab_size, "name": name, "eval_tokens": eval_tokens,
                                "unigram_val_bpb": data.unigram_val_bpb},
@@ -129,10 +131,11 @@ class Throughput:
 
 
 def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per_s: float | None) -> str:
-    """How much the run trained, and its speed against the reference: a time budget is wall-clock, so a busy
-    or slower machine buys fewer steps with it."""
-    line = (f"{name}: done: {progress.step:,} steps, {progress.tokens / 1e6:.2f} M tokens in {progress.elapsed_s:.1f} s"
-            f" of training")
+    """How much the run trained, to what val bpb (its last eval's), and its speed against the reference: a time
+    budget is wall-clock, so a busy or slower machine buys fewer steps with it."""
+    bpb = progress.last_val.get("val_bpb")
+    line = (f"{name}: done: " + (f"val bpb {bpb:.4f} after " if bpb is not None else "")
+            + f"{progress.step:,} steps, {progress.tokens / 1e6:.2f} M tokens in {progress.elapsed_s:.1f} s of training")
     rate = meter.session_rate
     if rate is not None:
         line += f", {rate:,.0f} tokens/s"
