@@ -12,10 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
+from hydra.core.hydra_config import HydraConfig
+from tqdm import tqdm
 
 import compare
 from data_helpers import ROOT, TRAIN, TRAIN_ENV, summary
-from training.multirun import RECORDS
+from settings import compose_config
+from training.multirun import RECORDS, run_job
 from training.run_lock import dir_lock, lock_holder
 
 # tiny_run's settings without its run dir and link: a multirun names its own dirs
@@ -216,3 +219,26 @@ def test_a_launching_process_killed_outright_leaves_no_job_running(workdir, tiny
     assert not any(alive(pid) for pid in pids)
     assert [summary(job)["stop_reason"] for job in jobs] == ["SIGTERM", "SIGTERM"]
     assert all((job / "ckpt" / "config.json").is_file() for job in jobs)
+
+
+def test_a_job_killed_while_it_prints_leaves_the_next_job_free_to_print(tmp_path):
+    """A job killed while its progress bar holds tqdm's write lock (a bar refreshes every step): the next job of
+    the same launcher still prints, since no lock is shared between jobs' processes for a dead one to keep."""
+    sweep = tmp_path / "sweep"
+    cfg = compose_config([f"hydra.sweep.dir={sweep}", f"hydra.runtime.output_dir={sweep / 'job'}"],
+                         return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+
+    def dies_printing(cfg) -> int:
+        tqdm.get_lock().acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def prints(cfg) -> int:  # 10 s: a lock nobody else holds is taken at once
+        return 0 if tqdm.get_lock().acquire(timeout=10) else 3
+
+    try:  # held as the basic launcher's launching process holds it, so that run_job keeps this process's handlers
+        with dir_lock(sweep / RECORDS / "lock", "held by this test, as the launching process holds it"):
+            assert run_job(cfg, dies_printing) == -signal.SIGKILL
+            assert run_job(cfg, prints) == 0
+    finally:
+        HydraConfig.instance().cfg = None

@@ -35,6 +35,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -121,7 +122,6 @@ def run_job(cfg: DictConfig, run: Callable[[DictConfig], int]) -> int | None:
     if not launching:  # a worker: a terminal's Ctrl-C is the launching process's to pass on; a scheduler's TERM ours
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, lambda signum, frame: own_signal.append(signal.SIGTERM))
-    tqdm.get_lock()  # made once here, not in each run: a lock a fork makes and never frees reads as leaked
     import torch._dynamo  # noqa: F401  what torch's optimizers import when the first is made (~1 s): once, here
     sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
     forking = os.getpid()
@@ -150,6 +150,9 @@ def run_forked(cfg: DictConfig, hydra: DictConfig, run: Callable[[DictConfig], i
             return 128 + signal.SIGTERM
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)  # the parent's handlers are not the run's
+        # tqdm's default write lock is a semaphore shared by every process forked after it was made: a job killed
+        # while its bar held it (a bar refreshes every step) would leave it taken, and the next job waiting forever
+        tqdm.set_lock(threading.RLock())
         job_settings(cfg, hydra)
         return run(cfg)
     except BaseException:  # an exception the run does not turn into an exit code: its traceback, and exit 1
