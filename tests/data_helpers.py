@@ -1,6 +1,7 @@
 """Shared by the data and training tests: the real configs/data/*.yaml, composed by Hydra, as plain
 dicts, and a small corpus to train on."""
 import json
+import logging
 import os
 import random
 import runpy
@@ -82,6 +83,9 @@ def train_in_process(run_dir: Path, overrides: list[str], monkeypatch) -> int:
     test patches in the modules train.py imports applies): its exit code. The run's own Ctrl-C handling is undone."""
     monkeypatch.setattr(sys, "argv", [str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"])
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    # Hydra's own logging config gives the root logger a handler on this test's captured stdout, at INFO: left
+    # there, a later test's library log line (gguf's writer logs at INFO) goes to that closed stream and fails
+    root_handlers, root_level = list(logging.root.handlers), logging.root.level
     try:
         runpy.run_path(str(ROOT / "train.py"), run_name="__main__")
         return 0
@@ -90,3 +94,5 @@ def train_in_process(run_dir: Path, overrides: list[str], monkeypatch) -> int:
     finally:
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
+        logging.root.handlers[:] = root_handlers
+        logging.root.setLevel(root_level)
