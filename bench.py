@@ -4,6 +4,7 @@
                     [--no-compile] [overrides]
     python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
     python bench.py --against DIR [--repeats N] [--json PATH] [overrides]  # this tree against another checkout
+    python bench.py --caches [--repeats N] [--json PATH] [overrides]  # decode with GQA's, MQA's and MLA's caches
 
 llama_tiny is what `python train.py [overrides]` trains. Every peer of ours is composed from configs/ and the
 overrides as train.py composes them (settings.py), so every model.* and train.* setting reaches it: the
@@ -49,6 +50,10 @@ checkout in DIR (e.g. `git worktree add ../before <commit>`), both in this proce
 inputs, alternating: training steps through each tree's own loss and AdamW, and KV-cache decode through each
 tree's own Engine at batch 1 and 8, as above; "vs DIR" is this tree's tokens/s over the other's. It refuses a
 tree whose model computes other logits on the same weights (SAME_LOGITS), or cannot express the settings.
+--caches: what each kind of cache buys at decode. The preset's model under attention=gqa (its K/V heads),
+attention=mqa (one) and attention=mla (a latent, model/mla.py), on random weights: greedy decode as above at
+batch 1 and 8, one generation of each in turn, alternating; tokens/s, cache bytes per token, parameters, and
+"vs gqa", each row's tokens/s over GQA's.
 """
 from __future__ import annotations
 
@@ -143,6 +148,8 @@ def parse_args(argv):
                         help="only the ablation's variants: training tokens/s of each, alternated")
     parser.add_argument("--against", type=Path, metavar="DIR",
                         help="another checkout of this repo: its training and decode speed beside this tree's")
+    parser.add_argument("--caches", action="store_true",
+                        help="only decode with each kind of cache (GQA, MQA, MLA): tokens/s and cache bytes, alternated")
     parser.add_argument("overrides", nargs="*", help="train.py's Hydra overrides of the LLaMA to measure, e.g. "
                         "model.d_model=256 model.n_layers=6 (default: llama_tiny)")
     args = parser.parse_args(argv)
@@ -156,10 +163,12 @@ def parse_args(argv):
         raise UsageError(f"--repeats={args.repeats} must be >= 1")
     if args.against is not None and not (args.against / "model" / "__init__.py").is_file():
         raise UsageError(f"--against={args.against} is no checkout of this repo: it has no model/__init__.py")
-    if args.against is not None and args.ablation:
-        raise UsageError("--against and --ablation are two benches: pass one of them")
-    if args.plot is not None and (args.against is not None or args.ablation):
-        raise UsageError(f"--plot={args.plot} draws the full bench's decode curves: not with --against or --ablation")
+    modes = [flag for flag, on in (("--against", args.against is not None), ("--ablation", args.ablation),
+                                   ("--caches", args.caches)) if on]
+    if len(modes) > 1:
+        raise UsageError(f"{' and '.join(modes)} are separate benches: pass one of them")
+    if args.plot is not None and modes:
+        raise UsageError(f"--plot={args.plot} draws the full bench's decode curves: not with {modes[0]}")
     for flag in ("json", "plot"):  # checked now, not after minutes of measuring
         path = getattr(args, flag)
         if path is not None and not path.parent.is_dir():
@@ -507,6 +516,41 @@ def bench_decode(model: ModelConfig, sizes: Sizes, repeats: int, device: Device,
     return results, curves
 
 
+CACHE_KINDS = ("gqa", "mqa", "mla")  # attention=...: the preset's K/V heads, one K/V head, a latent
+
+
+def cache_peers(sizes: Sizes, device: Device) -> dict[str, Transformer]:
+    """The preset's model under each attention=<kind>, with the decode's context, on random weights."""
+    return {kind: Transformer(replace(model_config(sizes.compose(f"attention={kind}")),
+                                      context_length=sizes.decode_context)).to(device.name).eval()
+            for kind in CACHE_KINDS}
+
+
+def bench_caches(models: dict[str, Transformer], sizes: Sizes, repeats: int, device: Device) -> dict:
+    """At each decode batch, speed_rows of a greedy generation with each model's cache, alternated, with its
+    cache bytes per token (the models' dtype) and parameters."""
+    results = {}
+    for batch in sizes.decode_batches:
+        prompts = torch.randint(next(iter(models.values())).cfg.vocab_size, (batch, sizes.prompt_tokens),
+                                device=device.name)
+        runs = {kind: our_generation(m, prompts, sizes.new_tokens, use_cache=True, device=device)
+                for kind, m in models.items()}
+        seconds, _, _ = timed_alternately(f"decode, batch {batch}", runs, repeats, device)
+        rows = speed_rows(seconds, {kind: batch * sizes.new_tokens for kind in runs}, "gqa")
+        for kind, row in rows.items():
+            row |= {"cache_bytes_per_token": models[kind].kv_cache_bytes_per_token(models[kind].tok_emb.weight.dtype),
+                    "num_params": models[kind].num_params()}
+        results[f"batch {batch}"] = rows
+    return results
+
+
+def caches_tables(results: dict) -> str:
+    columns = {"cache bytes/token": lambda row: f"{row['cache_bytes_per_token']:,}",
+               "parameters": lambda row: f"{row['num_params']:,}"}
+    return "\n\n".join(f"{batch}\n\n" + speed_table(rows, "attention", "gqa", columns, "decode tokens/s")
+                       for batch, rows in results.items())
+
+
 # ---------------------------------------------------------------- this tree against another checkout
 
 HERE = Path(__file__).resolve().parent
@@ -717,6 +761,8 @@ def main(argv=None) -> int:
         if args.against:
             other = OtherTree.load(args.against)
             peers = against_peers(other, settings, device)
+        elif args.caches:
+            peers = cache_peers(sizes, device)
         else:
             peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device, args.compile)
     except UsageError as e:  # a bad override, a setting that builds no model, one transformers cannot mirror
@@ -725,12 +771,14 @@ def main(argv=None) -> int:
     repeats = args.repeats or sizes.repeats
     load_before = os.getloadavg()
     started = time.perf_counter()
-    if args.against or args.ablation:  # one table of one kind of run
+    if args.against or args.ablation or args.caches:  # one table of one kind of run
         speeds = (bench_against(other, peers, sizes, repeats, device) if args.against
+                  else bench_caches(peers, sizes, repeats, device) if args.caches
                   else bench_ablation(peers, repeats, device))
         print(f"{machine(device)} | {torch.get_num_threads()} threads | load {load_before[0]:.1f} -> "
               f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - started:.0f} s | medians of {repeats}\n")
-        print(against_tables(speeds, sizes) if args.against else speed_table(speeds, "variant", "baseline"))
+        print(against_tables(speeds, sizes) if args.against else caches_tables(speeds) if args.caches
+              else speed_table(speeds, "variant", "baseline"))
         if args.json:
             write_json(args.json, speeds)
         return 0

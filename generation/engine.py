@@ -50,7 +50,7 @@ import torch
 
 from errors import UsageError
 from generation.memory import memory_shortfall
-from model.kv_cache import KVCache, kv_cache_bytes
+from model.kv_cache import KVCache
 from model.positions import table_bytes
 from model.transformer import Transformer
 
@@ -179,10 +179,10 @@ class Engine:
 
     def _check_memory(self, batch: int, positions: int, use_cache: bool, max_new_tokens: int) -> None:
         """SamplingError when the token window (int64 ids) and the cache of `batch` samples would not fit in memory."""
-        cfg, weight = self.model.cfg, self.model.tok_emb.weight
+        weight = self.model.tok_emb.weight
         needs = {"the token window": batch * (positions + 1) * 8,
-                 "the KV cache": kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, positions, batch,
-                                                weight.element_size()) if use_cache else 0}
+                 "the KV cache": self.model.kv_cache_bytes_per_token(weight.dtype) * positions * batch
+                 if use_cache else 0}
         if shortfall := memory_shortfall(needs, weight.device):
             raise SamplingError("max_new_tokens", max_new_tokens, f"for {batch} samples of up to {positions:,} "
                                 f"positions {shortfall}")

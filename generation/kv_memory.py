@@ -1,8 +1,10 @@
 """The KV-cache memory estimator: model/kv_cache.py's formula (kv_cache_bytes) for any model, no tensors allocated.
 
     bytes = 2 (K and V) * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
+    bytes = n_layers * (kv_rank + rope_head_dim) * seq_len * batch * bytes_per_element     MLA (model/mla.py)
 
     python -m generation.kv_memory --layers 32 --kv-heads 32 --head-dim 128 --seq 4096 --dtype fp16   # LLaMA-2-7B
+    python -m generation.kv_memory --layers 32 --kv-rank 512 --rope-head-dim 64 --seq 4096   # its sizes with MLA
     python -m generation.kv_memory --ckpt outputs/<run>            # this repo's checkpoint (S = its context)
     python -m generation.kv_memory --hf-config config.json --kv-heads 8   # a transformers config, flags override it
     python -m generation.kv_memory --new-tokens 4                  # K/V projections with and without a cache
@@ -38,6 +40,9 @@ def dims_from_hf_config(path: str) -> dict:
     interop.hf_llama.hf_head_dim) and max_position_embeddings of a transformers config.json."""
     try:
         config = json.loads(Path(path).read_text())
+        if "kv_lora_rank" in config:  # DeepSeek-V2/V3's multi-head latent attention
+            return {"layers": config["num_hidden_layers"], "kv_rank": config["kv_lora_rank"],
+                    "rope_head_dim": config["qk_rope_head_dim"], "seq": config.get("max_position_embeddings")}
         heads = config["num_attention_heads"]
         return {"layers": config["num_hidden_layers"],
                 "kv_heads": config.get("num_key_value_heads") or heads,
@@ -56,47 +61,63 @@ def dims_from_checkpoint(path: str) -> dict:
         cfg = load_model(path)[0].cfg
     except CheckpointError as e:
         raise UsageError(f"--ckpt {path}: {e}") from None
+    if cfg.attention == "mla":
+        return {"layers": cfg.n_layers, "kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim, "seq": cfg.context_length}
     return {"layers": cfg.n_layers, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "seq": cfg.context_length}
 
 
 def estimate(argv: list[str] | None = None) -> str:
     """The estimator's report for command-line flags argv; raises UsageError on bad input."""
     parser = Parser(prog="python -m generation.kv_memory", description=(
-        "KV-cache bytes = 2 * layers * kv_heads * head_dim * seq * batch * bytes_per_element. "
+        "KV-cache bytes = 2 * layers * kv_heads * head_dim * seq * batch * bytes_per_element; with --kv-rank "
+        "(MLA), layers * (kv_rank + rope_head_dim) * seq * batch * bytes_per_element. "
         "Flags override what --ckpt or --hf-config give."))
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--ckpt", help="a nanollama run dir or ckpt dir")
     source.add_argument("--hf-config", help="a transformers config.json")
     for flag in ("--layers", "--kv-heads", "--head-dim", "--seq"):
         parser.add_argument(flag, type=int)
+    parser.add_argument("--kv-rank", type=int, help="MLA's latent dims per token and layer (d_c)")
+    parser.add_argument("--rope-head-dim", type=int, help="MLA's shared RoPE key dims (d_R, default 0)")
     parser.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     parser.add_argument("--dtype", choices=BYTES_PER_ELEMENT, default="fp16", help="default fp16")
     parser.add_argument("--new-tokens", type=int, help="also count K/V projections for this many new tokens")
     parser.add_argument("--prompt-tokens", type=int, default=1, help="prompt length for --new-tokens (default 1)")
     args = parser.parse_args(argv)
-    for key in ("layers", "kv_heads", "head_dim", "seq", "batch", "new_tokens", "prompt_tokens"):
+    for key in ("layers", "kv_heads", "head_dim", "seq", "kv_rank", "batch", "new_tokens", "prompt_tokens"):
         value = getattr(args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key.replace('_', '-')}={value} must be a positive integer")
+    if args.rope_head_dim is not None and args.rope_head_dim < 0:
+        raise UsageError(f"--rope-head-dim={args.rope_head_dim} must be a non-negative integer")
 
-    dims = {"layers": None, "kv_heads": None, "head_dim": None, "seq": None}
+    dims = {"layers": None, "kv_heads": None, "head_dim": None, "seq": None, "kv_rank": None, "rope_head_dim": None}
     if args.ckpt:
         dims |= dims_from_checkpoint(args.ckpt)
     elif args.hf_config:
         dims |= dims_from_hf_config(args.hf_config)
     dims |= {key: getattr(args, key) for key in dims if getattr(args, key) is not None}
+    latent = dims["kv_rank"] is not None  # MLA: a latent and a RoPE key per token, no K/V heads
+    needed = ("layers", "kv_rank", "seq") if latent else ("layers", "kv_heads", "head_dim", "seq")
 
     lines = []
     wants_bytes = any(value is not None for value in dims.values()) or args.new_tokens is None
     if wants_bytes:
-        missing = ", ".join("--" + key.replace("_", "-") for key, value in dims.items() if value is None)
+        missing = ", ".join("--" + key.replace("_", "-") for key in needed if dims[key] is None)
         if missing:
             raise UsageError(f"give {missing} (or --ckpt / --hf-config)")
         size = BYTES_PER_ELEMENT[args.dtype]
-        total = kv_cache_bytes(dims["layers"], dims["kv_heads"], dims["head_dim"], dims["seq"], args.batch, size)
-        lines.append(f"KV cache: 2 (K, V) x {dims['layers']} layers x {dims['kv_heads']} KV heads x "
-                     f"{dims['head_dim']} head dim x {dims['seq']} tokens x batch {args.batch} x "
-                     f"{size} bytes ({args.dtype})")
+        if latent:
+            rope = dims["rope_head_dim"] or 0
+            total = kv_cache_bytes(dims["layers"], 1, dims["kv_rank"] + rope, dims["seq"], args.batch, size,
+                                   value_dim=0)
+            lines.append(f"latent cache (MLA): ({dims['kv_rank']} latent + {rope} RoPE key) x {dims['layers']} "
+                         f"layers x {dims['seq']} tokens x batch {args.batch} x {size} bytes ({args.dtype})")
+        else:
+            total = kv_cache_bytes(dims["layers"], dims["kv_heads"], dims["head_dim"], dims["seq"], args.batch, size)
+            lines.append(f"KV cache: 2 (K, V) x {dims['layers']} layers x {dims['kv_heads']} KV heads x "
+                         f"{dims['head_dim']} head dim x {dims['seq']} tokens x batch {args.batch} x "
+                         f"{size} bytes ({args.dtype})")
         lines.append(f"  = {total:,} bytes = {total / 1e9:.3f} GB ({total / 2**30:.3f} GiB); "
                      f"{total // (dims['seq'] * args.batch):,} bytes per token per sequence")
     if args.new_tokens is not None:

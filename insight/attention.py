@@ -57,20 +57,24 @@ def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:
 
 
 def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
-    """For each query head, the K/V heads it reads, measured on block 0: each K/V head's value projection is
-    zeroed in turn (on a copy) and the query heads whose outputs change, at the output projection's input, read it."""
+    """For each query head, the cached heads it reads, measured on block 0: the rows that make each cached head's
+    values (a V head's among the stacked [Wq; Wk; Wv], MLA's latent among [W_dkv; W_kr]) are zeroed in turn (on a
+    copy), and the query heads whose outputs change, at the output projection's input, read it."""
     cfg = model.cfg
-    H, H_kv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    H, cached_heads, D = cfg.n_heads, cfg.cache_layout[0], cfg.head_dim
     x, start = attention_inputs(model, tokens)[0]
     probe = copy.deepcopy(model.blocks[0].attn)
     outputs = []
-    probe.out.register_forward_pre_hook(lambda _out, inputs: outputs.append(inputs[0].unflatten(-1, (H, D))))
+    probe.out.register_forward_pre_hook(lambda _out, inputs: outputs.append(inputs[0].unflatten(-1, (H, -1))))
     reads = [[] for _ in range(H)]
     with torch.no_grad():
         probe(x, start)
-        for j in range(H_kv):
-            rows = slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)  # V head j among the stacked [Wq; Wk; Wv] rows
-            params = [p for p in (probe.qkv.weight, probe.qkv.bias) if p is not None]
+        for j in range(cached_heads):
+            if cfg.attention == "mla":  # one latent, every head's K and V
+                source, rows = probe.kv_down, slice(0, cfg.kv_rank)
+            else:
+                source, rows = probe.qkv, slice((H + cfg.n_kv_heads + j) * D, (H + cfg.n_kv_heads + j + 1) * D)
+            params = [p for p in (source.weight, source.bias) if p is not None]
             saved = [p[rows].clone() for p in params]
             for p in params:
                 p[rows] = 0
@@ -85,12 +89,18 @@ def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
 
 def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict]:
     """One sequence's cache at the full context for every K/V head count the model's width allows (the divisors
-    of n_heads): MHA at n_heads, MQA at 1, GQA between."""
+    of n_heads): MHA at n_heads, MQA at 1, GQA between; and an MLA model's own latent cache (d_c + d_R) beside."""
     counts = [n for n in range(cfg.n_heads, 0, -1) if cfg.n_heads % n == 0]
-    return [{"attention": attention_kind(cfg.n_heads, n).upper(), "kv_heads": n,
+    rows = [{"attention": attention_kind(cfg.n_heads, n).upper(), "kv_heads": n,
              "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element),
-             "this_model": n == cfg.n_kv_heads}
+             "this_model": cfg.attention != "mla" and n == cfg.n_kv_heads}
             for n in counts]
+    if cfg.attention == "mla":
+        _, key_dim, value_dim = cfg.cache_layout
+        rows.append({"attention": f"MLA ({cfg.kv_rank} + {cfg.rope_dim})", "kv_heads": 1, "this_model": True,
+                     "bytes": kv_cache_bytes(cfg.n_layers, 1, key_dim, cfg.context_length, 1, bytes_per_element,
+                                             value_dim)})
+    return rows
 
 
 @contextmanager

@@ -15,7 +15,8 @@ SECTIONS = [
      "Every generated token's time, measured through the engine with the cache and without it: without, each step "
      "recomputes the whole prefix, so the step grows with the position t and the run as O(t²·d); with it, a step "
      "projects one token and reads the cached K and V, but its query still meets t keys, O(t·d), not O(1). The "
-     "estimator computes what the cache costs in memory for any model, 2·L·H_kv·d_head·S·bytes·batch.",
+     "estimator computes what the cache costs in memory for any model, 2·L·H_kv·d_head·S·bytes·batch, or with "
+     "multi-head latent attention (MLA: DeepSeek-V2/V3) L·(d_c + d_R)·S·bytes·batch.",
      ("kv_cache",), ("kv_cache",)),
     ("attention-wiring", "2. Attention wiring: MHA, GQA, MQA",
      "Which K/V head each query head reads, found by zeroing one K/V head's value projection at a time and seeing "
@@ -70,7 +71,10 @@ SECTIONS = [
 ]
 
 ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
+                    ("kv_rank", "MLA latent d_c"), ("rope_head_dim", "MLA RoPE key d_R"),
                     ("seq", "sequence length S"), ("batch", "batch"))
+# what one token's cache holds in a layer, by the cache's kind: K and V heads, or MLA's latent and RoPE key
+PER_TOKEN = {"heads": ("kv_heads", "head_dim"), "latent": ("kv_rank", "rope_head_dim")}
 
 
 def _ms(seconds: float) -> float:
@@ -174,16 +178,18 @@ def _image(name: str, data: bytes) -> str:
 
 def _estimator(estimator: dict) -> str:
     first = estimator["presets"][0]
-    fields = "".join(f'<label>{text} <input id="est-{key}" type="number" min="1" step="1" value="{first[key]}"></label>'
-                     for key, text in ESTIMATOR_FIELDS)
+    fields = "".join(f'<label>{text} <input id="est-{key}" type="number" min="{int(key != "rope_head_dim")}" step="1" '
+                     f'value="{first.get(key, "")}"></label>' for key, text in ESTIMATOR_FIELDS)
+    kinds = "".join(f'<option value="{kind}"{" selected" if kind == first["cache"] else ""}>{text}</option>'
+                    for kind, text in (("heads", "K/V heads"), ("latent", "MLA latent")))
     dtypes = "".join(f'<option value="{d}"{" selected" if d == first["dtype"] else ""}>{d} ({b} bytes)</option>'
                      for d, b in estimator["bytes_per_element"].items())
     buttons = "".join(f'<button type="button" data-preset="{i}">{html.escape(p["name"])}</button>'
                       for i, p in enumerate(estimator["presets"]))
     return f"""<form id="estimator" onsubmit="return false">
 <h3>KV-cache estimator</h3>
-<p class="formula">bytes = 2 × L × H_kv × d_head × S × batch × bytes per element</p>
-<div class="fields">{fields}<label>dtype <select id="est-dtype">{dtypes}</select></label></div>
+<p class="formula">bytes = L × (2 × H_kv × d_head, or with MLA d_c + d_R) × S × batch × bytes per element</p>
+<div class="fields"><label>cache <select id="est-cache">{kinds}</select></label>{fields}<label>dtype <select id="est-dtype">{dtypes}</select></label></div>
 <div class="presets">{buttons}</div>
 <p class="result"><output id="est-bytes"></output> bytes = <output id="est-gb"></output></p>
 </form>
@@ -191,17 +197,22 @@ def _estimator(estimator: dict) -> str:
 const BYTES_PER_ELEMENT = {json.dumps(estimator["bytes_per_element"])};
 const PRESETS = {json.dumps(estimator["presets"])};
 const FIELDS = {json.dumps([key for key, _ in ESTIMATOR_FIELDS])};
+const PER_TOKEN = {json.dumps(PER_TOKEN)};
 function recompute() {{
-  let bytes = 2n * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
-  for (const key of FIELDS) {{
+  const cache = document.getElementById("est-cache").value, n = {{}};
+  for (const key of ["layers", ...PER_TOKEN[cache], "seq", "batch"]) {{
     const text = document.getElementById("est-" + key).value.trim();
-    if (!/^[1-9][0-9]*$/.test(text)) {{
-      document.getElementById("est-bytes").textContent = key + " must be a positive integer";
+    const zero = key === "rope_head_dim";  // MLA without RoPE has no RoPE key
+    if (!(zero ? /^(0|[1-9][0-9]*)$/ : /^[1-9][0-9]*$/).test(text)) {{
+      document.getElementById("est-bytes").textContent = key + " must be a " + (zero ? "non-negative" : "positive")
+        + " integer";
       document.getElementById("est-gb").textContent = "";
       return;
     }}
-    bytes *= BigInt(text);
+    n[key] = BigInt(text);
   }}
+  const perToken = cache === "latent" ? n.kv_rank + n.rope_head_dim : 2n * n.kv_heads * n.head_dim;
+  const bytes = n.layers * perToken * n.seq * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
   document.getElementById("est-bytes").textContent = bytes.toLocaleString("en-US");
   document.getElementById("est-gb").textContent = readable(Number(bytes));
 }}
@@ -212,7 +223,8 @@ function readable(n) {{  // the largest unit that shows it to two decimals: 0.54
   return n + " bytes";
 }}
 function fill(preset) {{
-  for (const key of FIELDS) document.getElementById("est-" + key).value = preset[key];
+  for (const key of FIELDS) if (key in preset) document.getElementById("est-" + key).value = preset[key];
+  document.getElementById("est-cache").value = preset.cache;
   document.getElementById("est-dtype").value = preset.dtype;
   recompute();
 }}

@@ -114,7 +114,7 @@ def check_exportable(cfg: ModelConfig, target: str) -> Architecture:
     """The model's architecture (LLaMA, or Qwen3 with QK-norm); refuses a model with any other switch, naming every
     offending one; target: whose architecture, for the message."""
     arch = ARCHITECTURES[cfg.qk_norm]
-    refused = switches_unlike(cfg, arch)
+    refused = switches_unlike(cfg, arch) + (["model.attention=mla"] if cfg.attention == "mla" else [])  # K/V heads only
     if refused:
         raise InteropError(f"no {target} {arch.name} equivalent for {', '.join(refused)} "
                            f"({arch.name} is {', '.join(f'model.{k}={v}' for k, v in arch.switches.items())})")

@@ -15,6 +15,7 @@ from model.attention import Attention
 from model.config import ModelConfig
 from model.ffn import FeedForward
 from model.kv_cache import KVCache
+from model.mla import LatentAttention
 from model.norms import make_norm
 from model.positions import Rotary
 from model.qk_norm import QKNorm
@@ -26,7 +27,8 @@ class Block(nn.Module):
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer)
+        self.attn = LatentAttention(cfg, rotary, layer) if cfg.attention == "mla" else \
+            Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.bias)
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch

@@ -18,7 +18,8 @@ from model.rope_scaling import SCALINGS
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
-ATTENTIONS = ("gqa", "mha", "mqa")  # the attention group's options (configs/attention/)
+ATTENTIONS = ("gqa", "mha", "mqa", "mla")  # the attention group's options (configs/attention/)
+MLA_SETTINGS = ("q_rank", "rope_head_dim", "v_head_dim")  # attention=mla's, beside model.kv_rank
 FFNS = ("swiglu", "relu", "gelu", "relu2")
 QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
@@ -33,11 +34,15 @@ def attention_kind(n_heads: int, n_kv_heads: int) -> str:
     return "mha" if n_kv_heads == n_heads else "mqa" if n_kv_heads == 1 else "gqa"
 
 
-def check_attention_choice(choice: str, n_heads: int, n_kv_heads: int) -> None:
-    """model.attention, the attention group's name, against the head counts it names: mha has n_heads K/V heads,
-    mqa one, gqa any divisor of n_heads."""
+def check_attention_choice(choice: str, n_heads: int, n_kv_heads: int, kv_rank: int | None) -> None:
+    """model.attention, the attention group's name, against the settings it names, before they make a model: mha
+    has n_heads K/V heads, mqa one, gqa any divisor of n_heads; mla is the one with a latent (model.kv_rank)."""
     if choice not in ATTENTIONS:
         raise ConfigError(f"model.attention={choice!r} must be one of {', '.join(ATTENTIONS)}")
+    if choice == "mla" and kv_rank is None:
+        raise ConfigError("model.attention=mla needs the latent's width, but model.kv_rank=null")
+    if choice != "mla" and kv_rank is not None:
+        raise ConfigError(f"model.kv_rank={kv_rank} is a setting of attention=mla, not of attention={choice}")
     expected = {"mha": n_heads, "mqa": 1}.get(choice, n_kv_heads)
     if n_kv_heads != expected:
         raise ConfigError(f"model.attention={choice} has {expected} K/V heads, not model.n_kv_heads={n_kv_heads}; "
@@ -67,6 +72,11 @@ class ModelConfig:
     bias: bool = False  # biases in the linear layers (LayerNorm always has its beta)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
     embedding_scale: str = "gpt2"  # gpt2: E ~ N(0, 0.02^2); transformer2017: N(0, 1/d) x sqrt(d) (model/transformer.py)
+    # Multi-head latent attention (model/mla.py): the latent's width d_c; null is attention by K/V heads
+    kv_rank: int | None = None
+    q_rank: int | None = None  # MLA's query latent; null: a full-rank query projection
+    rope_head_dim: int | None = None  # d_R, each query head's RoPE part and the shared RoPE key (null: head_dim / 2)
+    v_head_dim: int | None = None  # each head's value width (null: head_dim)
 
     def __post_init__(self):
         self.validate()
@@ -86,7 +96,28 @@ class ModelConfig:
 
     @property
     def attention(self) -> str:
-        return attention_kind(self.n_heads, self.n_kv_heads)
+        return "mla" if self.kv_rank is not None else attention_kind(self.n_heads, self.n_kv_heads)
+
+    @property
+    def rope_dim(self) -> int:
+        """The dims of each head RoPE rotates: all of them, or MLA's decoupled RoPE part (none without RoPE)."""
+        if self.position != "rope":
+            return 0
+        if self.attention != "mla":
+            return self.head_dim
+        return self.head_dim // 2 if self.rope_head_dim is None else self.rope_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def cache_layout(self) -> tuple[int, int, int]:
+        """What one layer's cache holds per token (model/kv_cache.py): (heads, key dims, value dims). MLA's is one
+        "head" whose key is [c_kv, k_R] and whose value is that key's c_kv part, stored once (0 value dims)."""
+        if self.attention == "mla":
+            return 1, self.kv_rank + self.rope_dim, 0
+        return self.n_kv_heads, self.head_dim, self.head_dim
 
     def validate(self) -> None:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",
@@ -102,6 +133,13 @@ class ModelConfig:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
+        if self.attention == "mla":
+            self.validate_mla()
+        else:
+            for key in MLA_SETTINGS:
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"model.{key}={getattr(self, key)!r} is a setting of attention=mla, but this "
+                                      f"model has no latent (model.kv_rank=null)")
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -122,6 +160,32 @@ class ModelConfig:
         for key in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")
+
+    def validate_mla(self) -> None:
+        for key in ("kv_rank", *MLA_SETTINGS):
+            value, least = getattr(self, key), 0 if key == "rope_head_dim" else 1
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ConfigError(f"model.{key}={value!r} must be a {'non-negative' if least == 0 else 'positive'} "
+                                  f"integer")
+        compressed = self.n_heads * (self.head_dim + self.value_dim)
+        if self.kv_rank > compressed:
+            raise ConfigError(f"model.kv_rank={self.kv_rank} must be at most the keys and values it compresses, "
+                              f"model.n_heads x (head_dim + v_head_dim) = {compressed}")
+        if self.n_kv_heads != self.n_heads:
+            raise ConfigError(f"model.attention=mla up-projects a key and a value for every query head: "
+                              f"model.n_kv_heads={self.n_kv_heads} must be model.n_heads={self.n_heads}")
+        if self.qk_norm != "none":  # the absorbed decode folds W_uk into the query, which a norm of k would block
+            raise ConfigError(f"model.qk_norm={self.qk_norm} with attention=mla: MLA's keys are up-projected from "
+                              f"an RMS-normed latent, and a norm of each key would not let decoding fold W_uk into "
+                              f"the query; use qk_norm=none")
+        rope, d_r = self.position == "rope", self.rope_head_dim
+        if d_r is not None and (d_r % 2 or d_r > self.head_dim):
+            raise ConfigError(f"model.rope_head_dim={d_r} must be even and at most the head dim, model.d_model / "
+                              f"model.n_heads = {self.head_dim}")
+        if d_r is not None and rope != (d_r > 0):  # without RoPE the decoupled part would be plain key dims
+            raise ConfigError(f"model.rope_head_dim={d_r} with model.position={self.position}: MLA's RoPE part "
+                              + ("carries RoPE's positions; it needs at least 2 dims" if rope else
+                                 "is rotated by RoPE; without it use model.rope_head_dim=0 (or null)"))
 
     def validate_rope_scaling(self) -> None:
         if self.rope_scaling not in SCALINGS:

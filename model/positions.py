@@ -116,10 +116,10 @@ class PositionsError(ConfigError):
 def table_bytes(cfg: ModelConfig, length: int) -> int:
     """The bytes fit(length) holds at least, counted before anything is allocated (so that a length too long for
     the machine is refused in a second rather than killed by the OOM killer): RoPE's fp32 cos and sin tables,
-    2 * length * head_dim * 4; the sinusoidal table, built in fp64 and kept in fp32, length * d_model * (8 + 4).
+    2 * length * rope_dim * 4 (every head dim, or MLA's RoPE part); the sinusoidal table, built in fp64 and kept in fp32, length * d_model * (8 + 4).
     A learned table never grows, and position=none has no table."""
     if cfg.position == "rope":
-        return 2 * length * cfg.head_dim * 4
+        return 2 * length * cfg.rope_dim * 4
     if cfg.position == "sinusoidal":
         return length * cfg.d_model * (8 + 4)
     return 0
@@ -129,7 +129,7 @@ def make_positions(cfg: ModelConfig, token_rms: float) -> tuple[Rotary | None, A
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
     added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""
     if cfg.position == "rope":
-        return Rotary(cfg.head_dim, cfg.context_length, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor,
+        return Rotary(cfg.rope_dim, cfg.context_length, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor,
                       cfg.original_context), None
     if cfg.position in ("sinusoidal", "learned"):
         return None, AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model, token_rms)

@@ -66,13 +66,14 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.parameters())  # a tied matrix is counted once
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
-        cfg = self.cfg
-        return kv_cache_bytes(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, seq_len=1,
+        heads, key_dim, value_dim = self.cfg.cache_layout
+        return kv_cache_bytes(self.cfg.n_layers, heads, key_dim, seq_len=1, value_dim=value_dim,
                               bytes_per_element=torch.tensor([], dtype=dtype).element_size())
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
         cfg, param = self.cfg, self.tok_emb.weight
-        return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.context_length, cfg.head_dim,
+        heads, key_dim, value_dim = cfg.cache_layout
+        return KVCache(cfg.n_layers, batch, heads, max_len or cfg.context_length, key_dim, value_dim,
                        dtype or param.dtype, param.device)
 
     def with_rope_scaling(self, scaling: str, factor: float) -> "Transformer":

@@ -170,7 +170,8 @@ def test_the_baseline_is_the_model_the_study_ran():
         "context_length": 128, "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "qk_norm": "none", "ffn": "swiglu",
         "ffn_multiple_of": 32, "rope_base": 10000.0, "rope_scaling": "none", "rope_factor": 1.0,
         "rope_original_context": None, "norm_eps": 1e-5, "dropout": 0.0, "bias": False,
-        "tie_embeddings": True, "embedding_scale": "gpt2"}
+        "tie_embeddings": True, "embedding_scale": "gpt2", "kv_rank": None, "q_rank": None, "rope_head_dim": None,
+        "v_head_dim": None}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
     block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352

@@ -82,6 +82,7 @@ def test_quick_run_writes_every_figure(tmp_path):
                             "converted to Integer"),
     (["model.n_heads=3"], "error: model.n_heads=3 must divide model.d_model=128"),
     (["train.lr=-1"], "error: train.lr=-1.0 must be a positive number"),
+    (["--ablation", "--caches"], "error: --ablation and --caches are separate benches: pass one of them"),
 ])
 def test_bad_flags_stop_before_measuring(argv, message, capsys):
     assert bench.main(argv) == 2
@@ -155,6 +156,22 @@ def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
         low, high = r["tokens_per_s_range"]
         assert 0 < low <= r["tokens_per_s"] <= high, variant
         assert f"| {variant} | {r['tokens_per_s']:,.0f} |" in proc.stdout
+
+
+def test_caches_mode_decodes_with_each_kind_of_cache_against_gqa(tmp_path, capsys):
+    out = tmp_path / "caches.json"
+    assert bench.main(["--caches", "--quick", "--threads", "1", "--repeats", "1", "--json", str(out)]) == 0
+    printed, results = capsys.readouterr().out, json.loads(out.read_text())
+    assert list(results) == ["batch 1", "batch 2"] and all(list(rows) == ["gqa", "mqa", "mla"]
+                                                           for rows in results.values())
+    # --quick's 2 layers of 4 heads of 16 dims, fp32: GQA's 2 K/V heads, MQA's 1, MLA's 64 + 8 (kv_rank, d_R)
+    sizes = {"gqa": 2 * 2 * 2 * 16 * 4, "mqa": 2 * 2 * 1 * 16 * 4, "mla": 2 * (64 + 8) * 4}
+    for batch, rows in results.items():
+        assert rows["gqa"]["vs_baseline"] == 1.0
+        for kind, row in rows.items():
+            low, high = row["tokens_per_s_range"]
+            assert 0 < low <= row["tokens_per_s"] <= high and row["cache_bytes_per_token"] == sizes[kind]
+            assert f"| {kind} | {row['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | {sizes[kind]:,} |" in printed
 
 
 def checkout_copy(tmp_path: Path) -> Path:

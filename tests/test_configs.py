@@ -78,7 +78,9 @@ def test_attention_group_sets_n_kv_heads(preset):
     for overrides, message in ((["attention=mha", "model.n_kv_heads=2"], "model.attention=mha has 4 K/V heads, "
                                 "not model.n_kv_heads=2; use attention=gqa for another number"),
                                (["attention=mqa", "model.n_kv_heads=2"], "model.attention=mqa has 1 K/V heads"),
-                               (["model.attention=mla"], "model.attention='mla' must be one of gqa, mha, mqa")):
+                               (["model.attention=mla"], "model.attention=mla needs the latent's width, but "
+                                                         "model.kv_rank=null"),
+                               (["model.attention=foo"], "model.attention='foo' must be one of gqa, mha, mqa, mla")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             model_config(compose_config([f"model={preset}", *overrides]))
 

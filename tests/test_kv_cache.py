@@ -17,7 +17,7 @@ LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", 
 
 @pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)])
 def test_allocated_bytes_equal_the_formula(dtype, size):
-    cache = KVCache(n_layers=3, batch=2, n_kv_heads=2, max_len=10, head_dim=8, dtype=dtype)
+    cache = KVCache(n_layers=3, batch=2, heads=2, max_len=10, key_dim=8, dtype=dtype)
     assert cache.k.shape == cache.v.shape == (3, 2, 2, 10, 8)
     assert cache.nbytes == kv_cache_bytes(3, 2, 8, 10, batch=2, bytes_per_element=size) == 2 * 3 * 2 * 8 * 10 * 2 * size
 
@@ -29,7 +29,7 @@ def test_fewer_kv_heads_shrink_the_cache_by_n_heads_over_n_kv_heads():
 
 
 def test_update_writes_in_place_and_returns_the_prefix():
-    cache = KVCache(n_layers=2, batch=1, n_kv_heads=2, max_len=6, head_dim=4)
+    cache = KVCache(n_layers=2, batch=1, heads=2, max_len=6, key_dim=4)
     storage = cache.k.data_ptr()
     first = torch.randn(1, 2, 4, 4)
     cache.update(1, 0, first, -first)

@@ -311,7 +311,7 @@ def test_a_corpus_that_cannot_be_read_is_a_read_error_naming_data_path(tiny, wor
     ("model.context_length=1", "model.context_length=1 must be >= 2"),
     ("train.micro_batch_size=3", "train.batch_size=8 must be a multiple of 1 processes x train.micro_batch_size=3; "
                                  "set train.micro_batch_size to one of 1, 2, 4, 8, or null to choose"),
-    ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mqa"),
+    ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mla mqa"),
     ("train.max_steps=null", "train.max_steps=null needs a train.time_budget: a run must end by steps or by time"),
 ])
 def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message, monkeypatch,

@@ -191,6 +191,17 @@ def test_measured_wiring_is_the_grouping(attention, n_kv_heads):
     assert [s["bytes"] for s in sizes] == [kv_cache_bytes(1, n, 8, 16, 1, 4) for n in (4, 2, 1)]
 
 
+def test_every_head_of_mla_reads_its_one_latent_and_the_table_gets_its_row():
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=1, n_heads=4, n_kv_heads=4, context_length=16, kv_rank=12,
+                      rope_head_dim=4)
+    torch.manual_seed(0)
+    assert kv_wiring(far_from_init(Transformer(cfg)), torch.randint(64, (1, 10))) == [[0]] * 4
+    sizes = cache_by_kv_heads(cfg)
+    assert [(s["attention"], s["kv_heads"], s["this_model"], s["bytes"]) for s in sizes] == [
+        *((kind, n, False, kv_cache_bytes(1, n, 8, 16, 1, 4)) for kind, n in (("MHA", 4), ("GQA", 2), ("MQA", 1))),
+        ("MLA (12 + 4)", 1, True, (12 + 4) * 16 * 4)]  # fp32, 1 layer, 16 positions
+
+
 def test_relu_zeroes_about_half_its_units_and_silu_none():
     torch.manual_seed(0)
     tokens = torch.randint(64, (1, 12))
@@ -500,8 +511,8 @@ def set_fields(driver, **values):
     from selenium.webdriver.support.ui import Select
 
     for key, value in values.items():
-        if key == "dtype":
-            Select(driver.find_element("id", "est-dtype")).select_by_value(value)
+        if key in ("dtype", "cache"):
+            Select(driver.find_element("id", f"est-{key}")).select_by_value(value)
         else:
             field = driver.find_element("id", f"est-{key}")
             field.clear()
@@ -535,4 +546,15 @@ def test_the_page_in_a_browser(browser, several):
         assert shown(browser)[0] == kv_cache_bytes(layers, kv_heads, head_dim, seq, batch, size)
     set_fields(browser, seq=0)
     assert browser.find_element("id", "est-bytes").text == "seq must be a positive integer"
+    # the fourth row: LLaMA-2-7B's sizes with MLA's 512 + 64, then DeepSeek-V3's 61 layers at bf16
+    browser.find_element("xpath", "//button[text()='LLaMA-2-7B with MLA']").click()
+    assert shown(browser) == (32 * (512 + 64) * 4096 * 2, "0.15 GB")
+    browser.find_element("xpath", "//button[text()='DeepSeek-V3']").click()
+    assert shown(browser) == (61 * (512 + 64) * 4096 * 2, "0.29 GB")
+    set_fields(browser, rope_head_dim=0, seq=100, batch=3)  # no RoPE key
+    assert shown(browser)[0] == kv_cache_bytes(61, 1, 512, 100, 3, 2, value_dim=0)
+    set_fields(browser, kv_rank=0)
+    assert browser.find_element("id", "est-bytes").text == "kv_rank must be a positive integer"
+    set_fields(browser, cache="heads", layers=32, kv_heads=8, head_dim=128, seq=4096, batch=1, dtype="fp16")
+    assert shown(browser) == (kv_cache_bytes(32, 8, 128, 4096, 1, 2), "0.54 GB")  # the latent's fields set aside
     assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []

@@ -104,9 +104,9 @@ def model_config(cfg: DictConfig, vocab_size: int | None = None) -> ModelConfig:
     """The model of a composed config: its `model` node, with this vocab size (the tokenizer's), else the data
     settings' (data.vocab_size=null: the vocabulary rule picks it with the data, so a provisional one checks the rest)."""
     vocab = vocab_size or cfg.data.vocab_size or PROVISIONAL_VOCAB
-    model = ModelConfig.from_dict({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
-    check_attention_choice(cfg.model.attention, model.n_heads, model.n_kv_heads)
-    return model
+    settings = OmegaConf.to_container(cfg.model, resolve=True)
+    check_attention_choice(settings["attention"], settings["n_heads"], settings["n_kv_heads"], settings["kv_rank"])
+    return ModelConfig.from_dict({**settings, "vocab_size": vocab})
 
 
 def autocast_for(device: torch.device) -> AbstractContextManager:

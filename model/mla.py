@@ -1,0 +1,109 @@
+"""Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): every head's key and value is up-projected from one
+low-rank latent per token, and the latent, not K and V, is what the cache holds.
+
+    x: [B, T, d]
+    c_kv = RMSNorm(x W_dkv)                    [B, T, d_c]         the latent (model.kv_rank)
+    k_R  = RoPE(x W_kr)                        [B, 1, T, d_R]      one RoPE key, shared by every head
+    q    = RMSNorm(x W_dq) W_uq  (q_rank)  or  x W_q                -> q_C: [B, H, T, D], q_R = RoPE(.): [B, H, T, d_R]
+    k_C  = c_kv W_uk                           [B, H, T, D]        each head's key, without positions
+    v    = c_kv W_uv                           [B, H, T, D_v]
+    y    = softmax((q_C k_C^T + q_R k_R^T) / sqrt(D + d_R) + causal_mask) v  -> [B, T, H D_v] W_o
+
+D = d / H (head_dim), d_R = model.rope_head_dim, D_v = model.v_head_dim. The cache holds d_c + d_R numbers per
+token and layer, whatever H: GQA's holds 2 H_kv D (model/kv_cache.py).
+
+The absorbed form, for decoding against the cache: q_C k_C^T = (q_C W_uk,h^T) c_kv^T and softmax(s) v =
+(softmax(s) c_kv) W_uv,h^T, so each head's query moves into the latent space and attends to the cached latents
+themselves, as multi-query attention with one K/V "head" (key [c_kv, k_R], value c_kv). No per-head K or V is
+made for the cached tokens; decoding costs H (d_c + d_R) per cached token instead of the d_c H (D + D_v) that
+up-projecting them would. Training and a prefill have every key new and run the naive form above.
+
+RoPE rotates only the d_R dims (model.position=rope; the RoPE scalings of model/rope_scaling.py apply to them).
+Without RoPE there is no RoPE part (d_R = 0) and the positions come from the embeddings.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.attention import causal_mask
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+from model.norms import RMSNorm
+from model.positions import Rotary
+
+
+class LatentAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary | None, layer: int):
+        super().__init__()
+        self.n_heads, self.head_dim, self.value_dim = cfg.n_heads, cfg.head_dim, cfg.value_dim
+        self.kv_rank, self.rope_dim = cfg.kv_rank, cfg.rope_dim
+        self.layer = layer  # index into the cache
+        H, D, d_c, d_r = self.n_heads, self.head_dim, self.kv_rank, self.rope_dim
+        # the latent and the RoPE key in one matmul: rows [W_dkv; W_kr] (Muon orthogonalises each on its own)
+        self.kv_down = nn.Linear(cfg.d_model, d_c + d_r, bias=cfg.bias)
+        self.kv_down.stacked_rows = [d_c, d_r]
+        self.kv_norm = RMSNorm(d_c, cfg.norm_eps)
+        if cfg.q_rank is None:
+            self.q_down = self.q_norm = None
+        else:
+            self.q_down, self.q_norm = nn.Linear(cfg.d_model, cfg.q_rank, bias=cfg.bias), RMSNorm(cfg.q_rank, cfg.norm_eps)
+        self.q_up = nn.Linear(cfg.q_rank or cfg.d_model, H * (D + d_r), bias=cfg.bias)
+        # No bias on the up-projections, as in DeepSeek's: the absorbed form folds them into the query and output
+        self.k_up = nn.Linear(d_c, H * D, bias=False)
+        self.v_up = nn.Linear(d_c, H * self.value_dim, bias=False)
+        self.out = nn.Linear(H * self.value_dim, cfg.d_model, bias=cfg.bias)
+        self.rotary = rotary
+        self.dropout = cfg.dropout
+
+    def project(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [B, H, T, D + d_R] ([q_C, q_R], q_R rotated) and the cached latent [c_kv, k_R]: [B, 1, T, d_c + d_R]."""
+        B, T, _ = x.shape
+        c_q = x if self.q_down is None else self.q_norm(self.q_down(x))
+        q = self.q_up(c_q).view(B, T, self.n_heads, -1).transpose(1, 2)
+        c_kv, k_r = self.kv_down(x).unsqueeze(1).split([self.kv_rank, self.rope_dim], dim=-1)
+        c_kv = self.kv_norm(c_kv)
+        if self.rotary is not None:  # the query heads' RoPE parts and the shared key in one call
+            q_c, q_r = q.split([self.head_dim, self.rope_dim], dim=-1)
+            q_r, k_r = self.rotary(torch.cat([q_r, k_r], dim=1), start).split([self.n_heads, 1], dim=1)
+            q = torch.cat([q_c, q_r], dim=-1)
+        return q, torch.cat([c_kv, k_r], dim=-1)
+
+    def expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The naive form's per-head keys [k_C, k_R]: [B, H, T, D + d_R] and values [B, H, T, D_v] of latents."""
+        B, _, T, _ = latent.shape
+        c_kv, k_r = latent.squeeze(1).split([self.kv_rank, self.rope_dim], dim=-1)
+        k_c = self.k_up(c_kv).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        v = self.v_up(c_kv).view(B, T, self.n_heads, self.value_dim).transpose(1, 2)
+        return torch.cat([k_c, k_r.unsqueeze(1).expand(B, self.n_heads, T, self.rope_dim)], dim=-1), v
+
+    def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The naive form's q, k: [B, H, T, D + d_R] and v: [B, H, T, D_v], as Attention.heads gives them."""
+        q, latent = self.project(x, start)
+        return q, *self.expand(latent)
+
+    def absorbed(self, q: torch.Tensor, latents: torch.Tensor, n_new: int) -> torch.Tensor:
+        """Attention of q: [B, H, T, D + d_R] over the latents [B, 1, S, d_c + d_R] of S positions, the last T
+        of them q's, without per-head keys or values: [B, H, T, D_v]."""
+        H, D, d_c = self.n_heads, self.head_dim, self.kv_rank
+        q_c, q_r = q.split([D, self.rope_dim], dim=-1)
+        q_latent = q_c @ self.k_up.weight.view(H, D, d_c)  # q_C W_uk,h: [B, H, T, d_c]
+        S = latents.shape[2]
+        y_latent = F.scaled_dot_product_attention(  # [B, H, T, d_c]: the weights applied to c_kv itself
+            torch.cat([q_latent, q_r], dim=-1), latents, latents[..., :d_c], attn_mask=causal_mask(n_new, S, q.device),
+            is_causal=1 < n_new == S, scale=1 / math.sqrt(D + self.rope_dim), enable_gqa=True)
+        return y_latent @ self.v_up.weight.view(H, self.value_dim, d_c).transpose(1, 2)  # W_uv,h: [B, H, T, D_v]
+
+    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, latent = self.project(x, start)
+        if cache is not None:  # the cache's key is the latent; its value is the latent's c_kv part, so 0 dims
+            latents, _ = cache.update(self.layer, start, latent, latent[..., :0])
+        if cache is not None and start > 0:  # keys the cache holds: the absorbed form
+            y = self.absorbed(q, latents, T)
+        else:  # every key is new (training, a prefill): the naive form
+            k, v = self.expand(latent)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, -1))
