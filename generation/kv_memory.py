@@ -40,14 +40,13 @@ def dims_from_hf_config(path: str) -> dict:
     interop.hf_llama.hf_head_dim) and max_position_embeddings of a transformers config.json."""
     try:
         config = json.loads(Path(path).read_text())
+        seq = config.get("max_position_embeddings")
         if "kv_lora_rank" in config:  # DeepSeek-V2/V3's multi-head latent attention
-            return {"layers": config["num_hidden_layers"], "kv_rank": config["kv_lora_rank"],
-                    "rope_head_dim": config["qk_rope_head_dim"], "seq": config.get("max_position_embeddings")}
+            return cache_dims(config["num_hidden_layers"], seq, kv_rank=config["kv_lora_rank"],
+                              rope_head_dim=config["qk_rope_head_dim"])
         heads = config["num_attention_heads"]
-        return {"layers": config["num_hidden_layers"],
-                "kv_heads": config.get("num_key_value_heads") or heads,
-                "head_dim": hf_head_dim(config),
-                "seq": config.get("max_position_embeddings")}
+        return cache_dims(config["num_hidden_layers"], seq, kv_heads=config.get("num_key_value_heads") or heads,
+                          head_dim=hf_head_dim(config))
     except OSError as e:
         raise UsageError(f"--hf-config {path}: cannot read it: {e.strerror}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -62,8 +61,14 @@ def dims_from_checkpoint(path: str) -> dict:
     except CheckpointError as e:
         raise UsageError(f"--ckpt {path}: {e}") from None
     if cfg.attention == "mla":
-        return {"layers": cfg.n_layers, "kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim, "seq": cfg.context_length}
-    return {"layers": cfg.n_layers, "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim, "seq": cfg.context_length}
+        return cache_dims(cfg.n_layers, cfg.context_length, kv_rank=cfg.kv_rank, rope_head_dim=cfg.rope_dim)
+    return cache_dims(cfg.n_layers, cfg.context_length, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim)
+
+
+def cache_dims(layers: int, seq: int | None, **widths: int) -> dict:
+    """The estimator's flags one model gives: its layers and length, and its cache's widths per token and layer
+    (kv_heads and head_dim, or MLA's kv_rank and rope_head_dim)."""
+    return {"layers": layers, "seq": seq, **widths}
 
 
 def estimate(argv: list[str] | None = None) -> str:

@@ -137,6 +137,9 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     """Writes the GGUF file atomically; refuses a model that is neither a LLaMA nor a Qwen3. Returns notes for
     the user."""
     cfg = model.cfg
+    if cfg.attention == "mla":  # transformers' DeepseekV3 maps it (interop/hf_llama.py); GGUF's deepseek2 does not yet
+        raise InteropError("no llama.cpp equivalent for model.attention=mla in this export: llama.cpp's deepseek2 is "
+                           "not mapped here; export --format transformers writes it as DeepseekV3")
     check_exportable(cfg, "llama.cpp")
     target = LLAMA_CPP_ARCHS[cfg.qk_norm]
     check_rope_scaling(cfg, target)

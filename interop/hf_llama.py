@@ -1,5 +1,5 @@
-"""The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM (Qwen3ForCausalLM with QK-norm):
-config, weights, tokenizer.
+"""The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM (Qwen3ForCausalLM with QK-norm,
+DeepseekV3ForCausalLM with multi-head latent attention): config, weights, tokenizer.
 
 model.qk_norm picks the architecture: none is LLaMA; rmsnorm is Qwen3, which is LLaMA plus an RMSNorm over each q and
 k head after the projections and before RoPE, with one gain of D dims per layer shared by the heads and eps
@@ -21,6 +21,22 @@ Weights (i = layer, d = d_model, H / H_kv = query / K/V heads of D dims, F = d_f
     lm_head.weight            [V, d]           lm_head.weight (absent when tie_word_embeddings)
 
 Both rotate q and k in the half-split layout (rotate_half), so no row permutation is needed.
+
+model.attention=mla is DeepseekV3 with a dense FFN at every layer (first_k_dense_replace = n_layers); its blocks
+are LLaMA's but for the attention (model/mla.py; q_rank r, latent d_c, RoPE part d_R, values D_v):
+
+    blocks.i.attn.q_up.weight   [H(D+d_R), d]   self_attn.q_proj.weight (q_rank null), else
+    blocks.i.attn.q_down.weight [r, d]          self_attn.q_a_proj.weight, with q_a_layernorm.weight = q_norm's and
+    blocks.i.attn.q_up.weight   [H(D+d_R), r]   self_attn.q_b_proj.weight
+    blocks.i.attn.kv_down.weight [d_c+d_R, d]   self_attn.kv_a_proj_with_mqa.weight
+    blocks.i.attn.kv_norm.weight [d_c]          self_attn.kv_a_layernorm.weight
+    blocks.i.attn.k_up.weight   [H D, d_c]      self_attn.kv_b_proj.weight [H(D+D_v), d_c]: each head's rows
+    blocks.i.attn.v_up.weight   [H D_v, d_c]      [W_uk,h; W_uv,h] together (deepseek_layout)
+    blocks.i.attn.out.weight    [d, H D_v]      self_attn.o_proj.weight
+
+DeepSeek rotates interleaved pairs (x_2i, x_2i+1) (rope_interleave, written true as DeepSeek's checkpoints have
+it), this repo half-split ones (x_i, x_i+d_R/2): the rows that make each RoPE part (q_up's per head, kv_down's
+last d_R) are reordered at the boundary, so the same pairs rotate by the same frequency on both sides.
 Only the LLaMA choices have a transformers equivalent: RMSNorm, Pre-Norm, RoPE, SwiGLU, no biases (ReLU, GELU and
 ReLU² are ungated; LLaMA's and Qwen3's MLPs are gated).
 Nothing here imports transformers: export and import read and write its files as plain JSON
@@ -63,8 +79,17 @@ LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk
 # Qwen3Config's head_dim defaults to 128 whatever the width; its MLP has no bias switch; sliding windows are off
 QWEN3 = Architecture("Qwen3", "qwen3", "Qwen3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "rmsnorm"},
                      {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False}, 128)
+# multi-head latent attention with a dense SwiGLU at every layer; its latents' norms have eps 1e-6 (model/mla.py)
+DEEPSEEK_V3 = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
+                           {"hidden_act": "silu", "attention_bias": False}, None)
 ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}  # model.qk_norm -> its architecture
-BY_MODEL_TYPE = {arch.model_type: arch for arch in ARCHITECTURES.values()}  # config.json's model_type -> its architecture
+# config.json's model_type -> its architecture
+BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, QWEN3, DEEPSEEK_V3)}
+
+
+def architecture_of(cfg: ModelConfig) -> Architecture:
+    """The transformers architecture a model's attention and QK-norm make it, if its other switches are LLaMA's."""
+    return DEEPSEEK_V3 if cfg.attention == "mla" else ARCHITECTURES[cfg.qk_norm]
 
 
 def hf_head_dim(hf: dict) -> int:
@@ -93,8 +118,11 @@ def _weight_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
     for i, block in enumerate(model.blocks):
         ours, theirs = f"blocks.{i}.", f"model.layers.{i}."
         names[ours + "attn_norm.weight"] = [(theirs + "input_layernorm.weight", cfg.d_model)]
-        names[ours + "attn.qkv.weight"] = list(zip([theirs + f"self_attn.{x}_proj.weight" for x in "qkv"],
-                                                   block.attn.qkv.stacked_rows, strict=True))
+        if cfg.attention == "mla":
+            names |= _latent_attention_names(cfg, ours + "attn.", theirs + "self_attn.")
+        else:
+            names[ours + "attn.qkv.weight"] = list(zip([theirs + f"self_attn.{x}_proj.weight" for x in "qkv"],
+                                                       block.attn.qkv.stacked_rows, strict=True))
         if cfg.qk_norm == "rmsnorm":
             names[ours + "attn.qk_norm.q_norm.weight"] = [(theirs + "self_attn.q_norm.weight", D)]
             names[ours + "attn.qk_norm.k_norm.weight"] = [(theirs + "self_attn.k_norm.weight", D)]
@@ -108,13 +136,68 @@ def _weight_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
     return names
 
 
+def _latent_attention_names(cfg: ModelConfig, ours: str, theirs: str) -> dict[str, list[tuple[str, int]]]:
+    """One MLA layer's names, in deepseek_layout's terms (its kv_up is k_up and v_up, head by head)."""
+    query_rows = cfg.n_heads * (cfg.head_dim + cfg.rope_dim)
+    if cfg.q_rank is None:
+        names = {ours + "q_up.weight": [(theirs + "q_proj.weight", query_rows)]}
+    else:
+        names = {ours + "q_down.weight": [(theirs + "q_a_proj.weight", cfg.q_rank)],
+                 ours + "q_norm.weight": [(theirs + "q_a_layernorm.weight", cfg.q_rank)],
+                 ours + "q_up.weight": [(theirs + "q_b_proj.weight", query_rows)]}
+    return names | {
+        ours + "kv_down.weight": [(theirs + "kv_a_proj_with_mqa.weight", cfg.kv_rank + cfg.rope_dim)],
+        ours + "kv_norm.weight": [(theirs + "kv_a_layernorm.weight", cfg.kv_rank)],
+        ours + "kv_up.weight": [(theirs + "kv_b_proj.weight", cfg.n_heads * (cfg.head_dim + cfg.value_dim))]}
+
+
+def interleaved_pairs(rows: int) -> torch.Tensor:
+    """The row order that takes a RoPE part's half-split pairs (i, i + rows/2), this repo's, to interleaved pairs
+    (2i, 2i + 1), DeepSeek's: row 2i is row i, row 2i + 1 is row i + rows/2."""
+    return torch.arange(rows).view(2, rows // 2).t().flatten()
+
+
+def deepseek_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave: bool = True) -> dict:
+    """An MLA model's weights as DeepseekV3 lays them out: each RoPE part's rows in interleaved pairs (unless
+    rope_interleave is false) and each layer's k_up and v_up as one kv_up whose rows are [W_uk,h; W_uv,h] per head.
+    repo_layout is its inverse."""
+    H, D, d_r, d_c = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.kv_rank
+    order = interleaved_pairs(d_r) if interleave else torch.arange(d_r)
+    out = dict(state)
+    for i in range(cfg.n_layers):
+        attn = f"blocks.{i}.attn."
+        q_up = state[attn + "q_up.weight"].view(H, D + d_r, -1)
+        out[attn + "q_up.weight"] = torch.cat([q_up[:, :D], q_up[:, D:][:, order]], dim=1).flatten(0, 1)
+        kv_down = state[attn + "kv_down.weight"]
+        out[attn + "kv_down.weight"] = torch.cat([kv_down[:d_c], kv_down[d_c:][order]])
+        k_up, v_up = out.pop(attn + "k_up.weight").view(H, D, d_c), out.pop(attn + "v_up.weight").view(H, -1, d_c)
+        out[attn + "kv_up.weight"] = torch.cat([k_up, v_up], dim=1).flatten(0, 1)
+    return out
+
+
+def repo_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave: bool = True) -> dict:
+    """deepseek_layout's inverse: DeepseekV3's weights (under this repo's names) as this repo's model holds them."""
+    H, D, d_r, d_c = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.kv_rank
+    order = interleaved_pairs(d_r).argsort() if interleave else torch.arange(d_r)
+    out = dict(state)
+    for i in range(cfg.n_layers):
+        attn = f"blocks.{i}.attn."
+        q_up = state[attn + "q_up.weight"].view(H, D + d_r, -1)
+        out[attn + "q_up.weight"] = torch.cat([q_up[:, :D], q_up[:, D:][:, order]], dim=1).flatten(0, 1)
+        kv_down = state[attn + "kv_down.weight"]
+        out[attn + "kv_down.weight"] = torch.cat([kv_down[:d_c], kv_down[d_c:][order]])
+        kv_up = out.pop(attn + "kv_up.weight").view(H, D + cfg.value_dim, d_c)
+        out[attn + "k_up.weight"], out[attn + "v_up.weight"] = kv_up[:, :D].flatten(0, 1), kv_up[:, D:].flatten(0, 1)
+    return out
+
+
 # ---------------------------------------------------------------- export: this repo -> transformers
 
 def check_exportable(cfg: ModelConfig, target: str) -> Architecture:
-    """The model's architecture (LLaMA, or Qwen3 with QK-norm); refuses a model with any other switch, naming every
-    offending one; target: whose architecture, for the message."""
-    arch = ARCHITECTURES[cfg.qk_norm]
-    refused = switches_unlike(cfg, arch) + (["model.attention=mla"] if cfg.attention == "mla" else [])  # K/V heads only
+    """The model's architecture (LLaMA, Qwen3 with QK-norm, DeepseekV3 with MLA); refuses a model with any other
+    switch, naming every offending one; target: whose architecture, for the message."""
+    arch = architecture_of(cfg)
+    refused = switches_unlike(cfg, arch)
     if refused:
         raise InteropError(f"no {target} {arch.name} equivalent for {', '.join(refused)} "
                            f"({arch.name} is {', '.join(f'model.{k}={v}' for k, v in arch.switches.items())})")
@@ -128,7 +211,7 @@ def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
     if cfg.rope_scaling == "none":
         return {"rope_type": "default", "rope_theta": cfg.rope_base}, cfg.context_length
     if cfg.rope_scaling == "ntk":
-        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim)}, \
+        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, cfg.rope_dim)}, \
             cfg.context_length
     rope = {"rope_type": cfg.rope_scaling, "rope_theta": cfg.rope_base, "factor": float(cfg.rope_factor)}
     if cfg.rope_scaling == "dynamic":
@@ -140,12 +223,16 @@ def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
 
 
 def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = None) -> dict:
-    """transformers' config.json for a LLaMA- or Qwen3-configured model; refuses any other with every offending
-    switch."""
+    """transformers' config.json for a LLaMA-, Qwen3- or DeepseekV3-configured model; refuses any other with every
+    offending switch."""
     arch = check_exportable(cfg, "transformers")
     rope, max_positions = hf_rope(cfg)
     scaled = ({"rope_scaling": {k: v for k, v in rope.items() if k != "rope_theta"}}
               if rope["rope_type"] != "default" else {})
+    heads = ({"num_key_value_heads": cfg.n_heads, "kv_lora_rank": cfg.kv_rank, "q_lora_rank": cfg.q_rank,
+              "qk_nope_head_dim": cfg.head_dim, "qk_rope_head_dim": cfg.rope_dim, "v_head_dim": cfg.value_dim,
+              "rope_interleave": True, "first_k_dense_replace": cfg.n_layers}  # every FFN dense
+             if arch is DEEPSEEK_V3 else {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim})
     return {
         "architectures": [arch.class_name],
         "model_type": arch.model_type,
@@ -154,8 +241,7 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
         "intermediate_size": cfg.d_ff,
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
-        "num_key_value_heads": cfg.n_kv_heads,
-        "head_dim": cfg.head_dim,
+        **heads,
         "max_position_embeddings": max_positions,
         "rms_norm_eps": cfg.norm_eps,
         "rope_parameters": rope,
@@ -175,6 +261,8 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, split into their separate matrices."""
     ours = model.state_dict()
+    if model.cfg.attention == "mla":
+        ours = deepseek_layout(ours, model.cfg)
     out = {}
     for name, parts in _weight_names(model).items():
         pieces = ours[name].split([rows for _, rows in parts], dim=0)
@@ -185,7 +273,8 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 # ---------------------------------------------------------------- import: transformers -> this repo
 
 def model_config_from_hf(hf: dict) -> ModelConfig:
-    """ModelConfig for a transformers LLaMA or Qwen3 config.json; refuses features this repo does not have."""
+    """ModelConfig for a transformers LLaMA, Qwen3 or DeepseekV3 config.json; refuses features this repo does not
+    have."""
     arch = BY_MODEL_TYPE.get(hf.get("model_type"))
     if arch is None:
         raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type="
@@ -207,7 +296,9 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
     values |= rope_settings(hf, values["context_length"])
-    head_dim = hf_head_dim(hf)
+    if arch is DEEPSEEK_V3:
+        values |= latent_attention_settings(hf)
+    head_dim = values.pop("head_dim", None) or hf_head_dim(hf)
     if head_dim * n_heads != d:
         raise InteropError(f"head_dim={head_dim} is not supported; this repo's head dim is "
                            f"hidden_size / num_attention_heads = {d} / {n_heads}")
@@ -219,6 +310,22 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     return ModelConfig(**values, ffn_multiple_of=ffn_width,
                        norm_eps=hf.get("rms_norm_eps", 1e-6),
                        tie_embeddings=hf.get("tie_word_embeddings", False), **arch.switches)
+
+
+def latent_attention_settings(hf: dict) -> dict:
+    """model.kv_rank, q_rank, rope_head_dim and v_head_dim (and the head dim, qk_nope_head_dim) of a DeepseekV3
+    config.json; refuses its MoE layers, which this repo's dense FFN has no counterpart for."""
+    layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 3)  # DeepseekV3Config's default
+    if dense < layers:
+        raise InteropError(f"first_k_dense_replace={dense} is not supported: layers {dense} to {layers - 1} are "
+                           f"mixture-of-experts layers, and this repo's FFN is dense at every layer")
+    try:
+        head_dim, value_dim = hf["qk_nope_head_dim"], hf["v_head_dim"]
+        return {"kv_rank": hf["kv_lora_rank"], "q_rank": hf.get("q_lora_rank"), "head_dim": head_dim,
+                "rope_head_dim": hf["qk_rope_head_dim"], "v_head_dim": None if value_dim == head_dim else value_dim,
+                "n_kv_heads": hf["num_attention_heads"]}
+    except KeyError as e:
+        raise InteropError(f"config.json has no {e.args[0]}") from None
 
 
 def rope_settings(hf: dict, max_positions: int) -> dict:
@@ -266,8 +373,9 @@ def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) -> None:
-    """Copy transformers-named weights into the model, checking that every name and shape matches."""
+def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], rope_interleave: bool = True) -> None:
+    """Copy transformers-named weights into the model, checking that every name and shape matches; rope_interleave:
+    DeepseekV3's RoPE pairs are interleaved (deepseek_layout)."""
     names = _weight_names(model)
     # Older transformers saved the RoPE frequencies; ours are recomputed from rope_base. A tied
     # checkpoint may still store lm_head.weight: transformers ignores it, and so do we.
@@ -277,6 +385,8 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) ->
     if missing or unexpected:
         raise InteropError(f"weights do not match config.json: missing {missing[:3]}, unexpected {unexpected[:3]}")
     ours = model.state_dict()
+    if model.cfg.attention == "mla":
+        ours = deepseek_layout(ours, model.cfg)
     state = {}
     for name, parts in names.items():
         state[name] = torch.cat([hf_state[hf_name] for hf_name, _ in parts], dim=0)
@@ -285,11 +395,13 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor]) ->
                                f"{list(state[name].shape)}, the config implies {list(ours[name].shape)}")
     if model.cfg.tie_embeddings:
         state["lm_head.weight"] = state["tok_emb.weight"]
+    if model.cfg.attention == "mla":
+        state = repo_layout(state, model.cfg, rope_interleave)
     model.load_state_dict(state)
 
 
 def load_transformers_dir(hf_dir: Path, config: dict, device: str | torch.device = "cpu") -> Transformer:
-    """The model (in eval mode) of a transformers LLaMA or Qwen3 directory whose config.json is `config`:
+    """The model (in eval mode) of a transformers LLaMA, Qwen3 or DeepseekV3 directory whose config.json is `config`:
     model.safetensors or its shards, and tokenizer.model, checked against the vocab size."""
     if not (hf_dir / "tokenizer.model").is_file():
         raise CheckpointError(f"transformers directory {hf_dir} has no tokenizer.model (the SentencePiece model)")
@@ -297,7 +409,7 @@ def load_transformers_dir(hf_dir: Path, config: dict, device: str | torch.device
         cfg = model_config_from_hf(config)
         check_vocab(cfg, hf_dir / "tokenizer.model")
         model = Transformer(cfg)
-        load_hf_state_dict(model, read_hf_weights(hf_dir))
+        load_hf_state_dict(model, read_hf_weights(hf_dir), config.get("rope_interleave", True))
     except (InteropError, ConfigError, CheckpointError) as e:
         raise CheckpointError(f"transformers directory {hf_dir}: {e}") from None
     return model.to(device).eval()

@@ -18,6 +18,8 @@ themselves, as multi-query attention with one K/V "head" (key [c_kv, k_R], value
 made for the cached tokens; decoding costs H (d_c + d_R) per cached token instead of the d_c H (D + D_v) that
 up-projecting them would. Training and a prefill have every key new and run the naive form above.
 
+The latents' RMSNorms have DeepSeek's eps, 1e-6, whatever model.norm_eps (that of the blocks' norms).
+
 RoPE rotates only the d_R dims (model.position=rope; the RoPE scalings of model/rope_scaling.py apply to them).
 Without RoPE there is no RoPE part (d_R = 0) and the positions come from the embeddings.
 """
@@ -33,6 +35,8 @@ from model.kv_cache import KVCache
 from model.norms import RMSNorm
 from model.positions import Rotary
 
+LATENT_NORM_EPS = 1e-6  # DeepSeek-V2/V3's, fixed in their code and in transformers' DeepseekV3
+
 
 class LatentAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, rotary: Rotary | None, layer: int):
@@ -44,11 +48,12 @@ class LatentAttention(nn.Module):
         # the latent and the RoPE key in one matmul: rows [W_dkv; W_kr] (Muon orthogonalises each on its own)
         self.kv_down = nn.Linear(cfg.d_model, d_c + d_r, bias=cfg.bias)
         self.kv_down.stacked_rows = [d_c, d_r]
-        self.kv_norm = RMSNorm(d_c, cfg.norm_eps)
+        self.kv_norm = RMSNorm(d_c, LATENT_NORM_EPS)
         if cfg.q_rank is None:
             self.q_down = self.q_norm = None
         else:
-            self.q_down, self.q_norm = nn.Linear(cfg.d_model, cfg.q_rank, bias=cfg.bias), RMSNorm(cfg.q_rank, cfg.norm_eps)
+            self.q_down = nn.Linear(cfg.d_model, cfg.q_rank, bias=cfg.bias)
+            self.q_norm = RMSNorm(cfg.q_rank, LATENT_NORM_EPS)
         self.q_up = nn.Linear(cfg.q_rank or cfg.d_model, H * (D + d_r), bias=cfg.bias)
         # No bias on the up-projections, as in DeepSeek's: the absorbed form folds them into the query and output
         self.k_up = nn.Linear(d_c, H * D, bias=False)

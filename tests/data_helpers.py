@@ -1,5 +1,6 @@
 """Shared by the data and training tests: the real configs/data/*.yaml, composed by Hydra, as plain
 dicts, and a small corpus to train on."""
+import io
 import json
 import logging
 import os
@@ -8,6 +9,9 @@ import runpy
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -72,10 +76,66 @@ def summary(run_dir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def run_train(run_dir: Path, *overrides: str, command=TRAIN, **kwargs) -> subprocess.CompletedProcess:
-    """train.py (or `command`, e.g. torchrun) as a user runs it, on run_dir, until it ends."""
-    return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=TRAIN_ENV,
-                          capture_output=True, text=True, timeout=300, **kwargs)
+def run_train(run_dir: Path, *overrides: str, command=None, **kwargs) -> subprocess.CompletedProcess:
+    """train.py (or `command`, e.g. torchrun, in a process started anew) as a user runs it, on run_dir, until it
+    ends."""
+    if command is not None:
+        return subprocess.run([*command, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=TRAIN_ENV,
+                              capture_output=True, text=True, timeout=300, **kwargs)
+    return run_script(ROOT / "train.py", *overrides, f"hydra.run.dir={run_dir}", **kwargs)
+
+
+def run_script(script: Path, *args: str, preexec_fn=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in ROOT with TRAIN_ENV, as subprocess.run(capture_output=True, text=True) gives it,
+    run by a fork of this process: the script's own code runs as __main__ in a process of its own (its signals,
+    its exit, its state are its own), without the ~4 s a new interpreter spends importing torch and Hydra.
+    preexec_fn runs in the fork before the script, as Popen's does."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
+        pid = os.fork()
+        if pid == 0:
+            os._exit(run_as_main(script, args, out.fileno(), err.fileno(), preexec_fn))
+        deadline = time.monotonic() + timeout
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise subprocess.TimeoutExpired([str(script), *args], timeout)
+            time.sleep(0.01)
+        out.seek(0), err.seek(0)
+        return subprocess.CompletedProcess([str(script), *args], os.waitstatus_to_exitcode(ended[1]),
+                                           out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+
+def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn) -> int:
+    """In run_script's fork: what `python <script> <args>` does from its first line, its exit code as the
+    interpreter would give it. It ends with os._exit, never returning into pytest's code."""
+    code = 1
+    try:
+        os.dup2(out_fd, 1), os.dup2(err_fd, 2)  # C-level writes too (torch's warnings)
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+        os.chdir(ROOT)
+        os.environ.clear()
+        os.environ.update(TRAIN_ENV)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_DFL)
+        if preexec_fn is not None:
+            preexec_fn()
+        sys.argv, sys.path[0] = [str(script), *args], str(script.parent)
+        runpy.run_path(str(script), run_name="__main__")
+        code = 0
+    except SystemExit as ended:  # the interpreter's reading of sys.exit's argument
+        if ended.code is None or isinstance(ended.code, int):
+            code = ended.code or 0
+        else:
+            print(ended.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+    return code
 
 
 def train_in_process(run_dir: Path, overrides: list[str], monkeypatch) -> int:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 import compare
 from model import ModelConfig, Transformer
 from settings import CONFIG_DIR, compose_config
-from training.multirun import carry_swept_keys
+from training.multirun import carry_swept_keys, no_keys_outside_a_multirun
 
 MODERN = {"qk_norm": "rmsnorm", "ffn": "relu2"}  # the winners of the study's new lines (docs/ablation.md)
 # Each variant's definition: the model.* settings it changes from the baseline.
@@ -48,7 +48,10 @@ def multirun_config() -> DictConfig:
     """`python train.py -m +experiment=ablation`'s own config, resolved as the multirun's start resolves it."""
     cfg = compose_config(["+experiment=ablation"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)
-    carry_swept_keys(cfg)
+    carry_swept_keys(cfg)  # the keys are now in cfg's resolver cache, which compose_run copies into each point's
+    # and the resolver is again what a new interpreter has: a multirun in a fork of this process (test_multirun's,
+    # data_helpers.run_script) resolves its own keys, not these
+    OmegaConf.register_new_resolver("swept_keys", no_keys_outside_a_multirun, use_cache=True, replace=True)
     return cfg
 
 

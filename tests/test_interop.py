@@ -15,8 +15,8 @@ import pytest
 import sentencepiece as spm
 import torch
 from safetensors.torch import load_file
-from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedModel, Qwen3Config, Qwen3ForCausalLM)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config,
+                          LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config, Qwen3ForCausalLM)
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
@@ -47,7 +47,8 @@ def transformers_greedy_ids(hf: PreTrainedModel, prompt: list[int]) -> list[int]
     return out[0, len(prompt):].tolist()
 
 
-def assert_same_model(ours: Transformer, ckpt: Path, theirs: PreTrainedModel, tok: Tokenizer, capsys):
+def assert_same_model(ours: Transformer, ckpt: Path, theirs: PreTrainedModel, tok: Tokenizer, capsys,
+                      float64_steps: float = 2 ** -19):
     """Equal logits, equal greedy ids, and generate.py --temperature 0 on ckpt prints transformers' greedy text."""
     tokens = torch.randint(VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -61,7 +62,8 @@ def assert_same_model(ours: Transformer, ckpt: Path, theirs: PreTrainedModel, to
     # float32 whatever the model's dtype, so each norm's output is rounded to float32 there and not here. Measured
     # on these models: 3.3e-6 to 3.8e-6 apart for Qwen3, 8.4e-6 to 1.09e-5 for LLaMA, at most 16 float32 steps
     # (2^-20) of the largest logit; a dropped or swapped weight moves logits of std > 1 by O(1).
-    assert (logits64 - expected64).abs().max().item() <= 2 ** -19 * expected64.abs().max().item()
+    # (float64_steps: MLA's two more norms a layer round more, below)
+    assert (logits64 - expected64).abs().max().item() <= float64_steps * expected64.abs().max().item()
     prompt = [tok.bos_id] + tok.encode(PROMPT)
     new = transformers_greedy_ids(theirs, prompt)
     assert len(set(new)) > 3  # a real continuation, not one token repeated
@@ -307,3 +309,73 @@ def test_a_native_checkpoint_is_generated_from_without_the_transformers_mapping(
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, check=True)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
+
+
+# --- DeepseekV3: multi-head latent attention -----------------------------------------------------
+
+# Measured for the models below: 9.0e-6 to 1.74e-5 apart in float64, at logits up to ~10 (LLaMA's: up to 1.09e-5):
+# the latents' RMSNorms (kv_a_layernorm, q_a_layernorm) are rounded to float32 in transformers as its others are
+MLA_FLOAT64_STEPS = 2 ** -18
+
+
+def mla_cfg(q_rank: int | None):
+    """llama_cfg's model with MLA: a latent of 16, a RoPE part of 4 (two pairs, so a mapping that rotates the
+    wrong pairs fails), values of 6 dims beside keys of 8."""
+    return llama_cfg(n_kv_heads=4, kv_rank=16, q_rank=q_rank, rope_head_dim=4, v_head_dim=6)
+
+
+@pytest.mark.parametrize("q_rank", [None, 12])
+def test_mla_exports_to_deepseek_v3_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
+                                                                               capsys, q_rank):
+    model = far_from_init(Transformer(mla_cfg(q_rank)))
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["kv_lora_rank"], config["q_lora_rank"], config["qk_rope_head_dim"], config["qk_nope_head_dim"],
+            config["v_head_dim"], config["rope_interleave"], config["first_k_dense_replace"]) == (
+        16, q_rank, 4, 8, 6, True, 2)
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs) is DeepseekV3ForCausalLM
+    assert all(type(layer.mlp).__name__ == "DeepseekV3MLP" for layer in theirs.model.layers)  # dense, no experts
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, MLA_FLOAT64_STEPS)
+    reloaded, _ = load_model(tmp_path / "hf")
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens), model(tokens))
+    assert (reloaded.cfg.attention, reloaded.cfg.q_rank, reloaded.cfg.value_dim) == ("mla", q_rank, 6)
+
+
+def hf_deepseek(rope_interleave: bool, first_k_dense_replace: int = 2) -> DeepseekV3ForCausalLM:
+    return far_from_init(DeepseekV3ForCausalLM(DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        first_k_dense_replace=first_k_dense_replace, max_position_embeddings=64, rms_norm_eps=1e-4,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0}, rope_interleave=rope_interleave,
+        tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)))
+
+
+@pytest.mark.parametrize("rope_interleave", [True, False])
+def test_import_deepseek_v3_dir_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys,
+                                                                  rope_interleave):
+    """DeepSeek's interleaved RoPE pairs (its checkpoints') and transformers' half-split ones alike."""
+    theirs = hf_deepseek(rope_interleave).eval()
+    theirs.save_pretrained(tmp_path / "hf")
+    shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
+    ours, _ = load_model(tmp_path / "hf")
+    assert (ours.cfg.attention, ours.cfg.kv_rank, ours.cfg.q_rank, ours.cfg.rope_dim, ours.cfg.value_dim,
+            ours.cfg.head_dim, ours.cfg.norm_eps) == ("mla", 16, 12, 4, 6, 8, 1e-4)
+    assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys, MLA_FLOAT64_STEPS)
+
+
+def test_import_refuses_deepseek_v3s_moe_layers_and_gguf_refuses_mla(tmp_path, tokenizer_file, capsys):
+    hf_deepseek(rope_interleave=True, first_k_dense_replace=1).save_pretrained(tmp_path / "hf")
+    shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
+    with pytest.raises(CheckpointError, match=re.escape("first_k_dense_replace=1 is not supported: layers 1 to 1 are "
+                                                        "mixture-of-experts layers")) as error:
+        load_model(tmp_path / "hf")
+    assert "\n" not in str(error.value)
+    save_checkpoint(tmp_path / "ckpt", Transformer(mla_cfg(None)), tokenizer_file)
+    capsys.readouterr()
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 2
+    assert "model.attention=mla" in one_error_line(capsys) and not (tmp_path / "m.gguf").exists()

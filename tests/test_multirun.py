@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
 import compare
-from data_helpers import ROOT, TRAIN, TRAIN_ENV, summary
+from data_helpers import ROOT, TRAIN, TRAIN_ENV, run_script, summary
 from settings import compose_config
 from training.multirun import RECORDS, run_job
 from training.run_lock import dir_lock, lock_holder
@@ -27,10 +27,13 @@ SWEEP_SETTINGS = ["train.seed=0", "model.d_model=32", "model.n_layers=1", "model
                   "train.eval_tokens=256", "train.sample_tokens=8", "wandb.mode=disabled", "latest_link=null"]
 
 
-def multirun(workdir, tiny, *overrides, command=TRAIN) -> subprocess.CompletedProcess:
+def multirun(workdir, tiny, *overrides, command=None) -> subprocess.CompletedProcess:
+    """`python train.py -m` (a fork of this process: data_helpers.run_script) or `command -m`, until it ends."""
     data = [o for o in tiny if o.startswith("data")]
-    return subprocess.run([*command, "-m", *data, *SWEEP_SETTINGS, *overrides, f"hydra.sweep.dir={workdir / 'sweep'}"],
-                          cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
+    args = ["-m", *data, *SWEEP_SETTINGS, *overrides, f"hydra.sweep.dir={workdir / 'sweep'}"]
+    if command is None:
+        return run_script(ROOT / "train.py", *args)
+    return subprocess.run([*command, *args], cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
 
 
 # the tests that read the lr multirun share one process under pytest -n (--dist loadgroup), which runs it once
@@ -118,7 +121,7 @@ WITHOUT_PLUGINS = (sys.executable, "-c", "import runpy, sys, hydra_plugins; hydr
 
 
 @pytest.mark.parametrize("launcher, command, message", [
-    ("foo", TRAIN, "In 'hydra/config': Could not find 'hydra/launcher/foo' Available options in 'hydra/launcher': "
+    ("foo", None, "In 'hydra/config': Could not find 'hydra/launcher/foo' Available options in 'hydra/launcher': "
                    "basic joblib submitit_local submitit_slurm"),
     ("submitit_slurm", WITHOUT_PLUGINS,
      'hydra/launcher=submitit_slurm: its plugin is not installed; pip install -e ".[cluster]" installs it')])
