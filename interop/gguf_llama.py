@@ -1,5 +1,5 @@
-"""The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout (with QK-norm: its Qwen3 layout),
-its SentencePiece tokenizer inside.
+"""The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout (with QK-norm: its Qwen3 layout;
+with multi-head latent attention: its deepseek2 layout), its SentencePiece tokenizer inside.
 
     metadata  <arch>.*           context, embedding and feed-forward lengths, blocks, heads, K/V heads,
                                  RoPE base, dimension count and scaling (add_rope), RMSNorm eps, vocabulary size;
@@ -22,6 +22,15 @@ graph rotates the adjacent pairs (2i, 2i + 1). Reordering the rows of attn_q and
 gives llama.cpp the same rotated q and k up to one shared permutation of their dims, so the same q . k.
 llama.cpp's qwen3 graph rotates the half-split pairs itself (its "NEOX" RoPE), so there the rows stay as they are,
 and so do the q/k norm gains, which a reordering of q's and k's dims would have to follow.
+
+deepseek2 (model.attention=mla) starts from transformers' DeepseekV3 layout (hf_llama.deepseek_layout), whose RoPE
+rows are already in adjacent pairs, the pairs llama.cpp's deepseek2 graph rotates. llama.cpp runs MLA as
+multi-query attention against the latent (its absorbed form: one K/V head of d_c + d_R, values d_c): kv_b_proj
+goes in as attn_k_b, each head's W_uk,h transposed [H, d_c, D], and attn_v_b, each head's W_uv,h [H, D_v, d_c];
+key_length / value_length are the latent's, key_length_mla / value_length_mla a head's. Every block is dense
+(leading_dense_block_count = blocks). llama.cpp's graph gives every RMSNorm the one eps,
+<arch>.attention.layer_norm_rms_epsilon, where the latents' here is 1e-6: a model with model.norm_eps=1e-6 is
+the same model there.
 
 --dtype: f32 writes every tensor as float32; f16 and q8_0 convert the matrices and keep the 1-D norm weights
 float32, as llama.cpp's own converter does. q8_0 stores blocks of 32 consecutive weights of a row as 32 int8
@@ -59,6 +68,12 @@ class LlamaCppArch:
 # model.qk_norm -> llama.cpp's architecture: its llama graph has no q/k norms, its qwen3 graph is llama's with them
 LLAMA_CPP_ARCHS = {"none": LlamaCppArch(gguf.MODEL_ARCH.LLAMA, adjacent_rope=True),
                    "rmsnorm": LlamaCppArch(gguf.MODEL_ARCH.QWEN3, adjacent_rope=False)}
+# adjacent pairs too, but hf_state_dict's DeepseekV3 layout already has them so: nothing to reorder here
+DEEPSEEK2 = LlamaCppArch(gguf.MODEL_ARCH.DEEPSEEK2, adjacent_rope=False)
+
+
+def llama_cpp_arch(cfg: ModelConfig) -> LlamaCppArch:
+    return DEEPSEEK2 if cfg.attention == "mla" else LLAMA_CPP_ARCHS[cfg.qk_norm]
 Q = gguf.GGMLQuantizationType
 # --dtype -> the matrices' type, and the file type recorded in general.file_type
 DTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
@@ -78,7 +93,7 @@ def gguf_tensors(model: Transformer, target: LlamaCppArch,
     rope_heads = ({gguf.MODEL_TENSOR.ATTN_Q: cfg.n_heads, gguf.MODEL_TENSOR.ATTN_K: cfg.n_kv_heads}
                   if target.adjacent_rope else {})
     tensors, notes = [], []
-    for hf_name, w in hf_state_dict(model).items():
+    for hf_name, w in latent_up_projections(hf_state_dict(model), cfg).items():
         kind, name = names.get_type_and_name(hf_name, try_suffixes=(".weight",))
         if kind in rope_heads:
             w = adjacent_rope_pairs(w, rope_heads[kind])
@@ -89,6 +104,42 @@ def gguf_tensors(model: Transformer, target: LlamaCppArch,
             qtype = Q.F16
         tensors.append((name, gguf.quantize(w.float().numpy(), qtype), qtype))
     return tensors, notes
+
+
+def latent_up_projections(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """DeepseekV3's kv_b_proj [H (D + D_v), d_c] of each layer as llama.cpp's deepseek2 reads it: k_b_proj, each head's
+    W_uk,h transposed [H, d_c, D], and v_b_proj, each head's W_uv,h [H, D_v, d_c]. Other weights as they are."""
+    out = {}
+    for name, w in hf_state.items():
+        if name.endswith("kv_b_proj.weight"):
+            per_head = w.view(cfg.n_heads, cfg.head_dim + cfg.value_dim, cfg.kv_rank)
+            out[name.replace("kv_b_proj", "k_b_proj")] = per_head[:, :cfg.head_dim].transpose(1, 2).contiguous()
+            out[name.replace("kv_b_proj", "v_b_proj")] = per_head[:, cfg.head_dim:].contiguous()
+        else:
+            out[name] = w
+    return out
+
+
+def add_attention(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+    """The heads' keys: K/V heads of head_dim for llama and qwen3; for deepseek2, MLA as llama.cpp runs it, one K/V
+    head of the latent (d_c + d_R keys, d_c values), the per-head sizes as *_mla, and no experts."""
+    writer.add_head_count(cfg.n_heads)
+    if cfg.attention != "mla":
+        writer.add_head_count_kv(cfg.n_kv_heads)
+        writer.add_rope_dimension_count(cfg.head_dim)
+        return
+    writer.add_head_count_kv(1)
+    writer.add_rope_dimension_count(cfg.rope_dim)
+    if cfg.q_rank is not None:
+        writer.add_q_lora_rank(cfg.q_rank)
+    writer.add_kv_lora_rank(cfg.kv_rank)
+    writer.add_key_length(cfg.kv_rank + cfg.rope_dim)
+    writer.add_value_length(cfg.kv_rank)
+    writer.add_key_length_mla(cfg.head_dim + cfg.rope_dim)
+    writer.add_value_length_mla(cfg.value_dim)
+    writer.add_leading_dense_block_count(cfg.n_layers)
+    writer.add_expert_feed_forward_length(cfg.d_ff)  # read by llama.cpp's deepseek2 loader, though no layer has experts
+    writer.add_expert_shared_count(0)
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, proto: sentencepiece_model_pb2.ModelProto) -> None:
@@ -110,6 +161,18 @@ def add_tokenizer(writer: gguf.GGUFWriter, proto: sentencepiece_model_pb2.ModelP
     writer.add_add_space_prefix(proto.normalizer_spec.add_dummy_prefix)
 
 
+# llama.cpp's deepseek2 loader (llama-cpp-python 0.3.36's) takes a full query projection (attn_q, no query latent)
+# only at DeepSeek-V2-Lite's depths, which it tells by the layer count; at any other it requires q_lora_rank
+FULL_QUERY_DEPTHS = (26, 27)
+
+
+def check_latent_query(cfg: ModelConfig) -> None:
+    if cfg.attention == "mla" and cfg.q_rank is None and cfg.n_layers not in FULL_QUERY_DEPTHS:
+        raise InteropError(f"model.q_rank=null with model.n_layers={cfg.n_layers} has no llama.cpp deepseek2 "
+                           f"equivalent: llama.cpp reads a full query projection only at DeepSeek-V2-Lite's "
+                           f"{' or '.join(map(str, FULL_QUERY_DEPTHS))} layers; give MLA a query latent (model.q_rank)")
+
+
 def check_rope_scaling(cfg: ModelConfig, target: LlamaCppArch) -> None:
     if cfg.rope_scaling == "dynamic":
         raise InteropError(f"model.rope_scaling=dynamic has no GGUF counterpart: {target.name}.rope.scaling.type is "
@@ -121,7 +184,7 @@ def add_rope(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     <arch>.rope.scaling.* (yarn with its original context and betas; llama.cpp derives the attention factor
     0.1 ln s + 1 itself); finetuned says whether the weights were trained under the scaling."""
     ntk = cfg.rope_scaling == "ntk"
-    writer.add_rope_freq_base(ntk_base(cfg.rope_base, cfg.rope_factor, cfg.head_dim) if ntk else cfg.rope_base)
+    writer.add_rope_freq_base(ntk_base(cfg.rope_base, cfg.rope_factor, cfg.rope_dim) if ntk else cfg.rope_base)
     if cfg.rope_scaling not in ("linear", "yarn"):
         return
     writer.add_rope_scaling_type(gguf.RopeScalingType(cfg.rope_scaling))
@@ -134,21 +197,19 @@ def add_rope(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 
 
 def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str = "f32") -> list[str]:
-    """Writes the GGUF file atomically; refuses a model that is neither a LLaMA nor a Qwen3. Returns notes for
-    the user."""
+    """Writes the GGUF file atomically; refuses a model that is not a LLaMA, a Qwen3 or a DeepSeek-V3 with dense
+    FFNs. Returns notes for the user."""
     cfg = model.cfg
-    if cfg.attention == "mla":  # transformers' DeepseekV3 maps it (interop/hf_llama.py); GGUF's deepseek2 does not yet
-        raise InteropError("no llama.cpp equivalent for model.attention=mla in this export: llama.cpp's deepseek2 is "
-                           "not mapped here; export --format transformers writes it as DeepseekV3")
     check_exportable(cfg, "llama.cpp")
-    target = LLAMA_CPP_ARCHS[cfg.qk_norm]
+    target = llama_cpp_arch(cfg)
+    check_latent_query(cfg)
     check_rope_scaling(cfg, target)
     tensors, notes = gguf_tensors(model, target, dtype)
     proto = read_tokenizer_proto(tokenizer_file)
     if unlike := settings_unlike(proto, LLAMA_TOKENIZER):
         notes.append(f"tokenizer.model has {', '.join(unlike)}: llama.cpp's tokenizer may split text differently")
     with writing(path), atomic_file(path) as tmp:  # a full disk: one error line naming the file
-        writer = gguf.GGUFWriter(tmp, target.name)  # the prefix of the model keys below: llama.*, qwen3.*
+        writer = gguf.GGUFWriter(tmp, target.name)  # the prefix of the model keys below: llama.*, qwen3.*, ...
         try:
             writer.add_name("nanollama")
             writer.add_file_type(DTYPES[dtype][1])
@@ -158,9 +219,7 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
             writer.add_embedding_length(cfg.d_model)
             writer.add_block_count(cfg.n_layers)
             writer.add_feed_forward_length(cfg.d_ff)
-            writer.add_head_count(cfg.n_heads)
-            writer.add_head_count_kv(cfg.n_kv_heads)
-            writer.add_rope_dimension_count(cfg.head_dim)
+            add_attention(writer, cfg)
             add_rope(writer, cfg)
             writer.add_layer_norm_rms_eps(cfg.norm_eps)
             add_tokenizer(writer, proto)

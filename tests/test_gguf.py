@@ -1,7 +1,7 @@
 """GGUF export (export.py --format gguf), read back by independent readers: the gguf package's reader (metadata,
 tensors, tokenizer), transformers (logits) and llama.cpp itself through llama-cpp-python (logits, greedy text,
-tokenization) where that is installed; llama.cpp's llama architecture, and its qwen3 one for QK-norm; and the
-refusals, with nothing written."""
+tokenization) where that is installed; llama.cpp's llama architecture, its qwen3 one for QK-norm and its deepseek2
+one for multi-head latent attention; and the refusals, with nothing written."""
 import errno
 import itertools
 from pathlib import Path
@@ -35,21 +35,28 @@ needs_llama_cpp = pytest.mark.skipif(
                               "llama.cpp, minutes) runs llama.cpp's greedy text and tokenization against ours")
 
 
+# an MLA of 4 heads: a latent of 16, a query latent of 12, a RoPE part of 4 (two pairs), values of 6 dims beside keys
+# of 8; norm_eps 1e-6, the latents' own, since llama.cpp gives every RMSNorm the one eps
+MLA = dict(n_kv_heads=4, kv_rank=16, q_rank=12, rope_head_dim=4, v_head_dim=6, norm_eps=1e-6)
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tokenizer_file):
-    """export(tie, dtype, qk_norm) -> (our model, the GGUF file): one checkpoint per tie and QK-norm setting, one
-    export per dtype. Far from init: the q/k norm gains too, so a mapping that drops or swaps them fails."""
+    """export(tie, dtype, qk_norm, mla) -> (our model, the GGUF file): one checkpoint per tie, QK-norm and attention
+    setting, one export per dtype. Far from init: the q/k norm gains too, so a mapping that drops or swaps them
+    fails."""
     root, made = tmp_path_factory.mktemp("gguf"), {}
 
-    def export(tie: bool, dtype: str = "f32", qk_norm: str = "none") -> tuple[Transformer, Path]:
-        d = root / f"tie_{tie}-qk_norm_{qk_norm}"
-        if (tie, qk_norm) not in made:
-            made[tie, qk_norm] = far_from_init(Transformer(llama_cfg(tie_embeddings=tie, qk_norm=qk_norm)))
-            save_checkpoint(d / "ckpt", made[tie, qk_norm], tokenizer_file)
+    def export(tie: bool, dtype: str = "f32", qk_norm: str = "none", mla: bool = False) -> tuple[Transformer, Path]:
+        d = root / f"tie_{tie}-qk_norm_{qk_norm}-mla_{mla}"
+        if (tie, qk_norm, mla) not in made:
+            cfg = llama_cfg(tie_embeddings=tie, qk_norm=qk_norm, **(MLA if mla else {}))
+            made[tie, qk_norm, mla] = far_from_init(Transformer(cfg))
+            save_checkpoint(d / "ckpt", made[tie, qk_norm, mla], tokenizer_file)
         out = d / f"model-{dtype}.gguf"
         if not out.exists():
             assert run_export("--ckpt", d / "ckpt", "--format", "gguf", "--dtype", dtype, "--out", out) == 0
-        return made[tie, qk_norm], out
+        return made[tie, qk_norm, mla], out
     return export
 
 
@@ -91,6 +98,47 @@ def test_metadata_and_tensor_names_round_trip_through_the_gguf_reader(exported, 
             assert np.array_equal(found[f"blk.1.{name}.weight"].data, ours.detach().numpy()), name
     _, tied = exported(tie=True, qk_norm=qk_norm)
     assert set(tensors(tied)) == set(expected) - {"output.weight"}  # llama.cpp reuses token_embd
+
+
+def test_mla_round_trips_as_deepseek2_with_the_latent_as_one_kv_head(exported):
+    """llama.cpp's deepseek2 runs MLA as multi-query attention against the latent: one K/V head of d_c + d_R keys
+    and d_c values, a head's own sizes as *_mla, kv_b_proj as each head's W_uk transposed and W_uv."""
+    model, path = exported(tie=False, mla=True)
+    assert metadata(path, "general.architecture") == {"general.architecture": "deepseek2"}
+    assert metadata(path, "deepseek2.") == {f"deepseek2.{key}": value for key, value in {
+        "vocab_size": VOCAB, "context_length": 64, "embedding_length": 32, "block_count": 2,
+        "feed_forward_length": 96, "attention.head_count": 4, "attention.head_count_kv": 1,
+        "rope.dimension_count": 4, "rope.freq_base": 500.0, "attention.q_lora_rank": 12,
+        "attention.kv_lora_rank": 16, "attention.key_length": 20, "attention.value_length": 16,
+        "attention.key_length_mla": 12, "attention.value_length_mla": 6, "leading_dense_block_count": 2,
+        "expert_feed_forward_length": 96, "expert_shared_count": 0,
+        "attention.layer_norm_rms_epsilon": float(np.float32(1e-6))}.items()}
+    layer = {"attn_norm": [32], "attn_q_a": [12, 32], "attn_q_a_norm": [12], "attn_q_b": [48, 12],
+             "attn_kv_a_mqa": [20, 32], "attn_kv_a_norm": [16], "attn_k_b": [4, 16, 8], "attn_v_b": [4, 6, 16],
+             "attn_output": [32, 24], "ffn_norm": [32], "ffn_gate": [96, 32], "ffn_up": [96, 32], "ffn_down": [32, 96]}
+    expected = {"token_embd.weight": [VOCAB, 32], "output_norm.weight": [32], "output.weight": [VOCAB, 32]}
+    expected |= {f"blk.{i}.{name}.weight": shape for i in range(2) for name, shape in layer.items()}
+    found = tensors(path)
+    assert {name: t.shape.tolist()[::-1] for name, t in found.items()} == expected
+    attn = model.blocks[1].attn
+    k_up, v_up = attn.k_up.weight.detach().view(4, 8, 16), attn.v_up.weight.detach().view(4, 6, 16)
+    assert np.array_equal(found["blk.1.attn_k_b.weight"].data, k_up.transpose(1, 2).numpy())
+    assert np.array_equal(found["blk.1.attn_v_b.weight"].data, v_up.numpy())
+    # the RoPE rows in adjacent pairs: kv_a_mqa's last 4 rows are ours [0, 2, 1, 3]
+    kv_down = attn.kv_down.weight.detach()
+    assert np.array_equal(found["blk.1.attn_kv_a_mqa.weight"].data, kv_down[[*range(16), 16, 18, 17, 19]].numpy())
+
+
+def test_mla_without_a_query_latent_is_refused_where_llama_cpp_cannot_read_it(tmp_path, tokenizer_file, capsys):
+    """llama.cpp takes deepseek2's full query projection only at 26 or 27 layers (DeepSeek-V2-Lite's): measured,
+    its loader stops at `key not found in model: deepseek2.attention.q_lora_rank` for a 2-layer one."""
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**MLA | {"q_rank": None})), tokenizer_file)
+    capsys.readouterr()
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 2
+    assert one_error_line(capsys) == (
+        "error: model.q_rank=null with model.n_layers=2 has no llama.cpp deepseek2 equivalent: llama.cpp reads a full "
+        "query projection only at DeepSeek-V2-Lite's 26 or 27 layers; give MLA a query latent (model.q_rank)\n")
+    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_qwen3_rope_keys_are_llamas_under_its_prefix(tmp_path, tokenizer_file):
@@ -246,9 +294,10 @@ def test_bad_flags_get_one_line_and_write_nothing(tmp_path, tokenizer_file, caps
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("tie, qk_norm", [(True, "none"), (False, "none"), (True, "rmsnorm")])
-def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm):
-    model, path = exported(tie=tie, qk_norm=qk_norm)
+@pytest.mark.parametrize("tie, qk_norm, mla", [(True, "none", False), (False, "none", False), (True, "rmsnorm", False),
+                                            (False, "none", True)])
+def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm, mla):
+    model, path = exported(tie=tie, qk_norm=qk_norm, mla=mla)
     # a float32 KV cache: llama.cpp's default f16 one rounds every cached k and v to 11 bits
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)
