@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -89,7 +90,8 @@ def run_script(script: Path, *args: str, preexec_fn=None, timeout: float = 300) 
     """`python <script> <args>` in ROOT with TRAIN_ENV, as subprocess.run(capture_output=True, text=True) gives it,
     run by a fork of this process: the script's own code runs as __main__ in a process of its own (its signals,
     its exit, its state are its own), without the ~4 s a new interpreter spends importing torch and Hydra.
-    preexec_fn runs in the fork before the script, as Popen's does."""
+    preexec_fn runs in the fork before the script, as Popen's does; a resource limit it sets binds the captured
+    stdout and stderr too, as they are files here."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
         pid = os.fork()
@@ -100,7 +102,8 @@ def run_script(script: Path, *args: str, preexec_fn=None, timeout: float = 300) 
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                raise subprocess.TimeoutExpired([str(script), *args], timeout)
+                out.seek(0), err.seek(0)
+                raise subprocess.TimeoutExpired([str(script), *args], timeout, out.read(), err.read())
             time.sleep(0.01)
         out.seek(0), err.seek(0)
         return subprocess.CompletedProcess([str(script), *args], os.waitstatus_to_exitcode(ended[1]),
@@ -118,6 +121,8 @@ def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn) -> int
         os.chdir(ROOT)
         os.environ.clear()
         os.environ.update(TRAIN_ENV)
+        # pytest's warning capture would keep the script's warnings in this fork's memory: print them, as python does
+        warnings.showwarning = warnings._showwarning_orig
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_DFL)
@@ -131,6 +136,11 @@ def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn) -> int
             code = ended.code or 0
         else:
             print(ended.code, file=sys.stderr)
+    except KeyboardInterrupt:  # python then dies by SIGINT itself, returncode -2
+        traceback.print_exc()
+        sys.stdout.flush(), sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
     except BaseException:
         traceback.print_exc()
     finally:

@@ -141,6 +141,16 @@ def test_mla_without_a_query_latent_is_refused_where_llama_cpp_cannot_read_it(tm
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize("scaling", ["linear", "yarn"])
+def test_mla_with_a_rope_scaling_llama_cpp_applies_otherwise_is_refused(tmp_path, tokenizer_file, capsys, scaling):
+    cfg = llama_cfg(**MLA, rope_scaling=scaling, rope_factor=2.0, rope_original_context=32)
+    save_checkpoint(tmp_path / "ckpt", Transformer(cfg), tokenizer_file)
+    capsys.readouterr()
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 2
+    assert one_error_line(capsys).startswith(f"error: model.rope_scaling={scaling} with attention=mla has no llama.cpp")
+    assert not (tmp_path / "m.gguf").exists()
+
+
 def test_qwen3_rope_keys_are_llamas_under_its_prefix(tmp_path, tokenizer_file):
     """A RoPE scaling reaches llama.cpp's qwen3 as it reaches its llama, and dynamic is refused for both."""
     yarn = dict(rope_scaling="yarn", rope_factor=4.0, rope_original_context=16)

@@ -1,4 +1,4 @@
-"""What a user sees when things go wrong, through the real entry points (train.py as a subprocess,
+"""What a user sees when things go wrong, through the real entry points (train.py in a process of its own,
 generate.py and export.py through the main() their scripts run): one run per run dir, checkpoints that prove their
 integrity, parts of a checkpoint that disagree, a write that fails, mistyped settings, a prompt that
 is not UTF-8. Each case checks the exit code, that the last stderr line is one `error:` line naming

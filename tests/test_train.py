@@ -1,7 +1,8 @@
 """train.py end to end, through the real Hydra entry point, on a tiny model and a tiny corpus:
 outputs, exact resume, SIGTERM, the NaN guard, one-line errors, and DDP over 2 CPU processes.
 
-Each run is a subprocess (~4 s of imports), so the module shares runs through fixtures."""
+Each run is train.py as __main__ in a fork of this process (data_helpers.run_script), its own process with
+its own signals and exit; runs still take seconds, so the module shares them through fixtures."""
 import json
 import math
 import re
