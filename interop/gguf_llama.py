@@ -46,9 +46,10 @@ import numpy as np
 import torch
 from sentencepiece import sentencepiece_model_pb2
 
-from interop.hf_llama import (LLAMA_TOKENIZER, InteropError, check_exportable, hf_state_dict, read_tokenizer_proto,
-                               settings_unlike)
+from interop.hf_llama import (LLAMA_TOKENIZER, InteropError, check_exportable, hf_state_dict, interleaved_pairs,
+                               read_tokenizer_proto, settings_unlike)
 from model.config import ModelConfig
+from model.mla import LATENT_NORM_EPS
 from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
 from storage.files import atomic_file, writing
@@ -82,7 +83,7 @@ DTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaF
 
 def adjacent_rope_pairs(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """q or k rows [n_heads * D, d] in the half-split order -> llama.cpp's adjacent-pair order, head by head."""
-    return w.reshape(n_heads, 2, -1, w.shape[1]).transpose(1, 2).reshape(w.shape)
+    return w.view(n_heads, -1, w.shape[1])[:, interleaved_pairs(w.shape[0] // n_heads)].reshape(w.shape)
 
 
 def gguf_tensors(model: Transformer, target: LlamaCppArch,
@@ -209,6 +210,9 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     check_latent_query(cfg)
     check_rope_scaling(cfg, target)
     tensors, notes = gguf_tensors(model, target, dtype)
+    if target == DEEPSEEK2 and cfg.norm_eps != LATENT_NORM_EPS:  # llama.cpp has one eps for every RMSNorm
+        notes.append(f"model.norm_eps={cfg.norm_eps}: llama.cpp gives the latents' RMSNorms that eps too, where "
+                     f"this model's have {LATENT_NORM_EPS}; its logits differ from ours by that")
     proto = read_tokenizer_proto(tokenizer_file)
     if unlike := settings_unlike(proto, LLAMA_TOKENIZER):
         notes.append(f"tokenizer.model has {', '.join(unlike)}: llama.cpp's tokenizer may split text differently")

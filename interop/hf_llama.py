@@ -157,12 +157,9 @@ def interleaved_pairs(rows: int) -> torch.Tensor:
     return torch.arange(rows).view(2, rows // 2).t().flatten()
 
 
-def deepseek_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave: bool = True) -> dict:
-    """An MLA model's weights as DeepseekV3 lays them out: each RoPE part's rows in interleaved pairs (unless
-    rope_interleave is false) and each layer's k_up and v_up as one kv_up whose rows are [W_uk,h; W_uv,h] per head.
-    repo_layout is its inverse."""
+def rope_rows_in_order(state: dict[str, torch.Tensor], cfg: ModelConfig, order: torch.Tensor) -> dict:
+    """An MLA model's weights with each layer's RoPE rows (of every query head, and of the shared key) in `order`."""
     H, D, d_r, d_c = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.kv_rank
-    order = interleaved_pairs(d_r) if interleave else torch.arange(d_r)
     out = dict(state)
     for i in range(cfg.n_layers):
         attn = f"blocks.{i}.attn."
@@ -170,24 +167,32 @@ def deepseek_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave
         out[attn + "q_up.weight"] = torch.cat([q_up[:, :D], q_up[:, D:][:, order]], dim=1).flatten(0, 1)
         kv_down = state[attn + "kv_down.weight"]
         out[attn + "kv_down.weight"] = torch.cat([kv_down[:d_c], kv_down[d_c:][order]])
-        k_up, v_up = out.pop(attn + "k_up.weight").view(H, D, d_c), out.pop(attn + "v_up.weight").view(H, -1, d_c)
+    return out
+
+
+def deepseek_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave: bool = True) -> dict:
+    """An MLA model's weights as DeepseekV3 lays them out: each RoPE part's rows in interleaved pairs (unless
+    rope_interleave is false) and each layer's k_up and v_up as one kv_up whose rows are [W_uk,h; W_uv,h] per head.
+    repo_layout is its inverse."""
+    order = interleaved_pairs(cfg.rope_dim) if interleave else torch.arange(cfg.rope_dim)
+    out = rope_rows_in_order(state, cfg, order)
+    for i in range(cfg.n_layers):
+        attn = f"blocks.{i}.attn."
+        k_up = out.pop(attn + "k_up.weight").view(cfg.n_heads, cfg.head_dim, cfg.kv_rank)
+        v_up = out.pop(attn + "v_up.weight").view(cfg.n_heads, -1, cfg.kv_rank)
         out[attn + "kv_up.weight"] = torch.cat([k_up, v_up], dim=1).flatten(0, 1)
     return out
 
 
 def repo_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave: bool = True) -> dict:
     """deepseek_layout's inverse: DeepseekV3's weights (under this repo's names) as this repo's model holds them."""
-    H, D, d_r, d_c = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.kv_rank
-    order = interleaved_pairs(d_r).argsort() if interleave else torch.arange(d_r)
-    out = dict(state)
+    order = interleaved_pairs(cfg.rope_dim).argsort() if interleave else torch.arange(cfg.rope_dim)
+    out = rope_rows_in_order(state, cfg, order)
     for i in range(cfg.n_layers):
         attn = f"blocks.{i}.attn."
-        q_up = state[attn + "q_up.weight"].view(H, D + d_r, -1)
-        out[attn + "q_up.weight"] = torch.cat([q_up[:, :D], q_up[:, D:][:, order]], dim=1).flatten(0, 1)
-        kv_down = state[attn + "kv_down.weight"]
-        out[attn + "kv_down.weight"] = torch.cat([kv_down[:d_c], kv_down[d_c:][order]])
-        kv_up = out.pop(attn + "kv_up.weight").view(H, D + cfg.value_dim, d_c)
-        out[attn + "k_up.weight"], out[attn + "v_up.weight"] = kv_up[:, :D].flatten(0, 1), kv_up[:, D:].flatten(0, 1)
+        kv_up = out.pop(attn + "kv_up.weight").view(cfg.n_heads, cfg.head_dim + cfg.value_dim, cfg.kv_rank)
+        out[attn + "k_up.weight"] = kv_up[:, :cfg.head_dim].flatten(0, 1)
+        out[attn + "v_up.weight"] = kv_up[:, cfg.head_dim:].flatten(0, 1)
     return out
 
 

@@ -151,6 +151,18 @@ def test_mla_with_a_rope_scaling_llama_cpp_applies_otherwise_is_refused(tmp_path
     assert not (tmp_path / "m.gguf").exists()
 
 
+def test_mla_with_another_norm_eps_exports_with_a_note_that_llama_cpp_differs(tmp_path, tokenizer_file, capsys):
+    """llama.cpp's deepseek2 reads one eps for all its RMSNorms; our latents keep 1e-6, so norm_eps=1e-5 is said."""
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**{**MLA, "norm_eps": 1e-5})), tokenizer_file)
+    capsys.readouterr()
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: model.norm_eps=1e-05: llama.cpp gives the latents' RMSNorms that eps too, where this "
+                     "model's have 1e-06; its logits differ from ours by that"]
+    assert GGUFReader(tmp_path / "m.gguf").fields["deepseek2.attention.layer_norm_rms_epsilon"].contents() == \
+        pytest.approx(1e-5)
+
+
 def test_qwen3_rope_keys_are_llamas_under_its_prefix(tmp_path, tokenizer_file):
     """A RoPE scaling reaches llama.cpp's qwen3 as it reaches its llama, and dynamic is refused for both."""
     yarn = dict(rope_scaling="yarn", rope_factor=4.0, rope_original_context=16)
