@@ -175,7 +175,7 @@ def check_latent_query(cfg: ModelConfig) -> None:
 
 
 def check_rope_scaling(cfg: ModelConfig, target: LlamaCppArch) -> None:
-    if cfg.attention == "mla" and cfg.rope_scaling in ("linear", "yarn"):  # ntk is only a larger base: it maps
+    if target == DEEPSEEK2 and cfg.rope_scaling in ("linear", "yarn"):  # ntk is only a larger base: it maps
         raise InteropError(f"model.rope_scaling={cfg.rope_scaling} with attention=mla has no llama.cpp deepseek2 "
                            f"equivalent here: its graph moves the RoPE part's scale into the attention's (DeepSeek's "
                            f"mscale), where model/positions.py scales the rotated dims")

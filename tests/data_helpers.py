@@ -121,7 +121,8 @@ def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn) -> int
         os.chdir(ROOT)
         os.environ.clear()
         os.environ.update(TRAIN_ENV)
-        # pytest's warning capture would keep the script's warnings in this fork's memory: print them, as python does
+        # pytest's warning capture would keep the script's warnings in this fork's memory: print them to its stderr
+        # (pytest's filters still choose which)
         warnings.showwarning = warnings._showwarning_orig
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for signum in (signal.SIGTERM, signal.SIGHUP):
