@@ -4,7 +4,7 @@
                     [--no-compile] [overrides]
     python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
     python bench.py --against DIR [--repeats N] [--json PATH] [overrides]  # this tree against another checkout
-    python bench.py --caches [--repeats N] [--json PATH] [overrides]  # decode with GQA's, MQA's and MLA's caches
+    python bench.py --caches [--long] [--repeats N] [--json PATH] [overrides]  # decode with GQA's, MQA's, MLA's caches
 
 llama_tiny is what `python train.py [overrides]` trains. Every peer of ours is composed from configs/ and the
 overrides as train.py composes them (settings.py), so every model.* and train.* setting reaches it: the
@@ -53,7 +53,10 @@ tree whose model computes other logits on the same weights (SAME_LOGITS), or can
 --caches: what each kind of cache buys at decode. The preset's model under attention=gqa (its K/V heads),
 attention=mqa (one) and attention=mla (a latent, model/mla.py), on random weights: greedy decode as above at
 batch 1 and 8, one generation of each in turn, alternating; tokens/s, cache bytes per token, parameters, and
-"vs gqa", each row's tokens/s over GQA's.
+"vs gqa", each row's tokens/s over GQA's, and what the generation holds: the cache (its bytes per token x the
+prompt and new tokens x the batch) beside the weights. --long: the preset's context stretched 32x by YaRN
+(model.rope_scaling=yarn, model.rope_factor=32, model.rope_original_context = the preset's context; 4,096 tokens
+for llama_tiny) and a generation that fills it, where the cache, not the weights, is most of what decode reads.
 """
 from __future__ import annotations
 
@@ -133,6 +136,20 @@ def quick_sizes(overrides: list[str]) -> Sizes:
                  decode_context=64, prefill_tokens=32, peak_n=256, repeats=2)
 
 
+LONG_FACTOR = 32  # --caches --long: the context YaRN stretches the preset's to (--quick: QUICK_LONG_FACTOR)
+QUICK_LONG_FACTOR = 4
+
+
+def long_sizes(sizes: Sizes, factor: int) -> Sizes:
+    """The preset's context stretched `factor` times by YaRN, and a generation from the prompt to its end."""
+    trained = sizes.compose().model.context_length
+    context = factor * trained
+    stretched = [f"model.context_length={context}", f"model.rope_original_context={trained}",
+                 "model.rope_scaling=yarn", f"model.rope_factor={factor}"]
+    return replace(sizes, overrides=[*sizes.overrides, *stretched], decode_context=context,
+                   new_tokens=context - sizes.prompt_tokens)
+
+
 def parse_args(argv):
     parser = Parser(description="Training, decode and prefill throughput against transformers' LLaMA.")
     parser.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16 autocast)")
@@ -150,6 +167,8 @@ def parse_args(argv):
                         help="another checkout of this repo: its training and decode speed beside this tree's")
     parser.add_argument("--caches", action="store_true",
                         help="only decode with each kind of cache (GQA, MQA, MLA): tokens/s and cache bytes, alternated")
+    parser.add_argument("--long", action="store_true",
+                        help=f"with --caches: a generation that fills the context stretched {LONG_FACTOR}x by YaRN")
     parser.add_argument("overrides", nargs="*", help="train.py's Hydra overrides of the LLaMA to measure, e.g. "
                         "model.d_model=256 model.n_layers=6 (default: llama_tiny)")
     args = parser.parse_args(argv)
@@ -167,6 +186,8 @@ def parse_args(argv):
                                    ("--caches", args.caches)) if on]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate benches: pass one of them")
+    if args.long and not args.caches:
+        raise UsageError("--long is a setting of --caches: pass both")
     if args.plot is not None and modes:
         raise UsageError(f"--plot={args.plot} draws the full bench's decode curves: not with {modes[0]}")
     for flag in ("json", "plot"):  # checked now, not after minutes of measuring
@@ -528,7 +549,7 @@ def cache_peers(sizes: Sizes, device: Device) -> dict[str, Transformer]:
 
 def bench_caches(models: dict[str, Transformer], sizes: Sizes, repeats: int, device: Device) -> dict:
     """At each decode batch, speed_rows of a greedy generation with each model's cache, alternated, with its
-    cache bytes per token (the models' dtype) and parameters."""
+    cache bytes per token (the models' dtype), parameters, and the bytes of the generation's cache and weights."""
     results = {}
     for batch in sizes.decode_batches:
         prompts = torch.randint(next(iter(models.values())).cfg.vocab_size, (batch, sizes.prompt_tokens),
@@ -538,15 +559,18 @@ def bench_caches(models: dict[str, Transformer], sizes: Sizes, repeats: int, dev
         seconds, _, _ = timed_alternately(f"decode, batch {batch}", runs, repeats, device)
         rows = speed_rows(seconds, {kind: batch * sizes.new_tokens for kind in runs}, "gqa")
         for kind, row in rows.items():
-            row |= {"cache_bytes_per_token": models[kind].kv_cache_bytes_per_token(models[kind].tok_emb.weight.dtype),
-                    "num_params": models[kind].num_params()}
+            per_token = models[kind].kv_cache_bytes_per_token(models[kind].tok_emb.weight.dtype)
+            row |= {"cache_bytes_per_token": per_token, "num_params": models[kind].num_params(),
+                    "cache_bytes": per_token * (sizes.prompt_tokens + sizes.new_tokens) * batch,
+                    "weight_bytes": sum(p.nbytes for p in models[kind].parameters())}
         results[f"batch {batch}"] = rows
     return results
 
 
 def caches_tables(results: dict) -> str:
     columns = {"cache bytes/token": lambda row: f"{row['cache_bytes_per_token']:,}",
-               "parameters": lambda row: f"{row['num_params']:,}"}
+               "parameters": lambda row: f"{row['num_params']:,}",
+               "cache MB / weights MB": lambda row: f"{row['cache_bytes'] / 1e6:.2f} / {row['weight_bytes'] / 1e6:.2f}"}
     return "\n\n".join(f"{batch}\n\n" + speed_table(rows, "attention", "gqa", columns, "decode tokens/s")
                        for batch, rows in results.items())
 
@@ -757,6 +781,8 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     sizes = (quick_sizes if args.quick else full_sizes)(args.overrides)
     try:  # every peer is built before the first measurement, so a bad setting costs no time
+        if args.long:
+            sizes = long_sizes(sizes, QUICK_LONG_FACTOR if args.quick else LONG_FACTOR)
         settings = sizes.compose()
         if args.against:
             other = OtherTree.load(args.against)

@@ -40,13 +40,14 @@ import os
 import statistics
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 from omegaconf import OmegaConf
 
 from errors import UsageError
+from model.config import ModelConfig
 from settings import flatten
 from storage.files import atomic_write, write_json, writing
 from training.multirun import RECORDS
@@ -121,7 +122,15 @@ def load_run(run_dir: Path) -> Run:
         elif (max_steps is not None and metrics[-1].get("step", 0) < max_steps
               and summary.get("ended_by") != "time_budget"):
             problem = f"stopped at step {metrics[-1].get('step')} of train.max_steps={max_steps}"
-    return Run(run_dir, config, metrics, summary, problem)
+    return Run(run_dir, with_model_defaults(config), metrics, summary, problem)
+
+
+def with_model_defaults(config: dict) -> dict:
+    """The config with every model setting it lacks at ModelConfig's default: a setting added after the run (MoE's,
+    say) builds from its default the model the run trained, so the run groups with newer runs of that model."""
+    if isinstance(config.get("model"), dict):
+        config["model"] = {f.name: f.default for f in fields(ModelConfig)} | config["model"]
+    return config
 
 
 def variant_key(run: Run, ignored: tuple[str, ...]) -> str:
@@ -274,6 +283,21 @@ def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
         lines.append(f"| {variant.name} | {runs} | {summary_value(variant, 'num_params')} | {extent_cells(variant)} "
                      f"| {fmt_mean_std(variant.final('val_loss'))} | {fmt_mean_std(variant.final('val_bpb'))} "
                      f"| {delta} | {beyond} | {speed} | {summary_value(variant, 'kv_cache_bytes_per_token')} |")
+    return "\n".join(lines)
+
+
+def routing_table(variants: list[Variant]) -> str | None:
+    """Each mixture-of-experts variant's balance at its runs' last eval (model/moe.py, training/evaluate.py):
+    MaxVio (max load / mean load - 1, the mean over its MoE blocks) and its routers' entropy over ln E (the mean
+    over the blocks), each mean ± std over the runs; None when no run has experts."""
+    routed = [v for v in variants if v.complete and all("moe/max_vio" in r.evals[-1] for r in v.complete)]
+    if not routed:
+        return None
+    lines = ["| variant | MaxVio | router entropy / ln E |", "|---|---:|---:|"]
+    for variant in routed:
+        entropy = [statistics.mean(value for key, value in r.evals[-1].items() if key.startswith("moe/entropy/"))
+                   for r in variant.complete]
+        lines.append(f"| {variant.name} | {fmt_mean_std(variant.final('moe/max_vio'))} | {fmt_mean_std(entropy)} |")
     return "\n".join(lines)
 
 
@@ -524,6 +548,8 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
     grid_trains = {line.name: grid_that_trains(line, grid, unigram - margin) if unigram is not None else "n/a"
                    for line in lines}
     print(lr_table(lines, baseline, trains, grid_trains))
+    if routing := routing_table([line.best for line in lines]):
+        print(f"\nThe routing at each line's best lr (last eval):\n\n{routing}")
     print(f"\nLR sensitivity: over the {len(grid)} learning rates every variant has ({', '.join(f'{lr:g}' for lr in grid)}), "
           f"with the loss at initialisation {init:.4f} bpb (ln vocab_size) for a diverged run or one worse than that.")
     if unigram is not None:
@@ -545,7 +571,9 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
                        "largest_lr_that_trains": trains[line.name], "grid_that_trains": grid_trains[line.name],
                        "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
                        "diverged": sorted(line.diverged),
-                       "best_lr_val_bpb": line.best.final("val_bpb")} for line in lines}}
+                       "best_lr_val_bpb": line.best.final("val_bpb"),
+                       **({"best_lr_max_vio": line.best.final("moe/max_vio")} if routing_table([line.best]) else {})}
+                       for line in lines}}
         with writing(args.json):
             write_json(args.json, numbers)
         print(f"numbers: {args.json}")
@@ -555,6 +583,8 @@ def report_comparison(variants: list[Variant], baseline_name: str, args) -> None
     baseline = next((v for v in variants if v.name == baseline_name), None)
     variants.sort(key=lambda v: v is not baseline)  # the baseline row first, the rest as found
     print(markdown_table(variants, baseline))
+    if routing := routing_table(variants):
+        print(f"\nThe routing (last eval):\n\n{routing}")
     if baseline is None:
         print(f"\nno variant named {baseline_name!r}, so no differences: pass --baseline with one of "
               f"{', '.join(repr(v.name) for v in variants)}")

@@ -27,7 +27,7 @@ from cli import Parser
 from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.kv_memory import BYTES_PER_ELEMENT
-from insight import attention, blocks, decode, figures, lengths, page, positions
+from insight import attention, blocks, decode, experts, figures, lengths, page, positions
 from model.kv_cache import kv_cache_bytes
 from model.transformer import Transformer
 from interop.load import load_model, loaded_line
@@ -167,9 +167,9 @@ def measure(model: Transformer, ids: list[int], first_token: int) -> dict:
             "ffn": blocks.ffn_activations(model, tokens)}
 
 
-def on_val_split(model: Transformer, ckpt_dir: Path, tokens: torch.Tensor) -> dict:
-    """The numbers of sections 7 and 8, read on the run's val split. A checkpoint outside a training run has none:
-    section 7 says why, section 8 reads the prompt (tokens [1, T]) instead."""
+def on_val_split(model: Transformer, ckpt_dir: Path, tokens: torch.Tensor, pieces: list[str]) -> dict:
+    """The numbers of sections 7, 8 and 9, read on the run's val split. A checkpoint outside a training run has none:
+    section 7 says why, sections 8 and 9 read the prompt (tokens [1, T]) instead."""
     try:
         stream, bytes_per_token = lengths.run_val_split(ckpt_dir)
     except UsageError as e:
@@ -179,9 +179,11 @@ def on_val_split(model: Transformer, ckpt_dir: Path, tokens: torch.Tensor) -> di
             past = lengths.past_context(model, stream, bytes_per_token)
         windows = lengths.report_windows(stream, model.cfg.context_length)
     source, windows = ("val", windows) if len(windows) else ("prompt", tokens)
+    routing = experts.routing(model, windows, pieces)
     return {"past_context": past,
             "qk_logits": {"source": source, "windows": len(windows), "window_tokens": windows.shape[1],
-                          **attention.logit_scale(model, windows)}}
+                          **attention.logit_scale(model, windows)},
+            "experts": routing and {"source": source} | routing}
 
 
 def estimator(models: list[Transformer], names: list[str]) -> dict:
@@ -244,7 +246,8 @@ def report(argv: list[str] | None = None) -> Path:
     for model, ckpt_dir, label, model_settings in zip(models, ckpt_dirs, checkpoint_labels, settings):
         result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model_settings,
                                       "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id),
-                                      **on_val_split(model, ckpt_dir, torch.tensor([ids]))})
+                                      **on_val_split(model, ckpt_dir, torch.tensor([ids]),
+                                                     [token_label(piece) for piece in vocabulary])})
     pngs = figures.draw(result)
     with writing(folder), atomic_dir(folder) as tmp:
         for name, data in pngs.items():

@@ -8,13 +8,16 @@ The FFN: the activation of each block's hidden units, read by a forward hook at 
 and put through the block's own activation function:
     SwiGLU: silu(x W1), the gate (before it multiplies x W3)      ReLU / GELU: relu(x W1) / gelu(x W1)
     ReLU²: relu(x W1)², what W2 reads
+    MoE: silu(x W1_e), each expert's gate on the tokens its block's router sends it (a dense first block: SwiGLU's)
 zero: the fraction exactly 0; near zero: the fraction with |a| < NEAR_ZERO * rms(a) over the layer.
 The histogram spans the 0.1% to 99.9% quantiles of every layer's activations; what lies beyond is left out of
 its bins (ReLU²'s right tail, the squares of the largest inputs, reaches far past the 99.9% quantile) and counted
 in `beyond`, with `range` the smallest and largest activation, so the figure can say how far the axis cuts.
 """
 import torch
+import torch.nn.functional as F
 
+from model.moe import MoE
 from model.transformer import Transformer
 from training.diagnostics import layer_stats
 
@@ -22,7 +25,8 @@ STREAM_STATS = ("stream_rms", "attn_ratio", "ffn_ratio", "position_cos", "grad_n
 NEAR_ZERO = 0.1  # of the layer's activation rms: a unit a tenth as loud as a typical one passes little
 HISTOGRAM_BINS = 60
 ACTIVATION_NAMES = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)",
-                    "relu2": "relu(x·W1)², the hidden activation"}
+                    "relu2": "relu(x·W1)², the hidden activation",
+                    "moe": "silu(x·W1_e), each expert's gate on its tokens"}
 
 
 def residual_stream(model: Transformer, tokens: torch.Tensor) -> dict:
@@ -42,7 +46,17 @@ def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
             found.append(ffn.activation(output.chunk(2, dim=-1)[0] if ffn.gated else output).flatten())
         return hook
 
-    hooks = [block.ffn.w_in.register_forward_hook(keep(block.ffn)) for block in model.blocks]
+    def keep_experts(moe: MoE):
+        def hook(_moe, inputs, _output):
+            x = inputs[0].reshape(-1, inputs[0].shape[-1])
+            chosen = moe.route(x).chosen
+            w1 = moe.experts_in.weight.view(moe.n_experts, 2, moe.expert_d_ff, -1)[:, 0]
+            found.append(torch.cat([F.silu(x[(chosen == e).any(dim=-1)] @ w1[e].T).flatten()
+                                    for e in range(moe.n_experts)]))
+        return hook
+
+    hooks = [block.ffn.register_forward_hook(keep_experts(block.ffn)) if isinstance(block.ffn, MoE)
+             else block.ffn.w_in.register_forward_hook(keep(block.ffn)) for block in model.blocks]
     try:
         with torch.no_grad():
             model(tokens)

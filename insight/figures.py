@@ -264,6 +264,30 @@ def loss_by_position(lengths: dict) -> Figure:
     return fig
 
 
+def experts(report: dict) -> Figure | None:
+    """Each MoE checkpoint's loads as a heatmap, its MoE blocks down and experts across, the share of the choices
+    written in each cell (1/E is balance); None when no checkpoint has experts."""
+    routed = [c for c in report["checkpoints"] if c.get("experts")]
+    if not routed:
+        return None
+    fig = Figure(figsize=(1.0 + 0.7 * max(c["experts"]["n_experts"] for c in routed) * len(routed) + 1.5 * len(routed),
+                          1.6 + 0.5 * max(len(c["experts"]["blocks"]) for c in routed)), layout="constrained")
+    for ax, ckpt in zip(fig.subplots(1, len(routed), squeeze=False)[0], routed):
+        routing = ckpt["experts"]
+        loads = [b["load"] for b in routing["blocks"]]
+        image = ax.imshow(loads, cmap="viridis", vmin=0, aspect="auto")
+        for row, block_loads in enumerate(loads):
+            for e, load in enumerate(block_loads):
+                ax.text(e, row, f"{load:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if load < max(map(max, loads)) / 2 else "black")
+        ax.set(xticks=range(routing["n_experts"]), yticks=range(len(loads)), xlabel="expert",
+               yticklabels=[f"block {b['block']}" for b in routing["blocks"]],
+               title=f"{ckpt['label']}\n{routing['router']} router, k = {routing['k']}: balance is "
+                     f"{1 / routing['n_experts']:.3f}")
+        fig.colorbar(image, ax=ax, label="share of the choices")
+    return fig
+
+
 def draw(report: dict) -> dict[str, bytes]:
     """Every figure as PNG bytes, by file name, in the page's order."""
     figures = {"kv_cache.png": kv_cache(report), "attention_wiring.png": attention_wiring(report)}
@@ -276,4 +300,5 @@ def draw(report: dict) -> dict[str, bytes]:
         if ckpt["past_context"].get("results"):
             figures[f"lengths_{i}.png"] = loss_by_position(ckpt["past_context"])
     figures["qk_logits.png"] = qk_logits(report)
+    figures["experts.png"] = experts(report)
     return {name: png(fig) for name, fig in figures.items() if fig is not None}

@@ -68,6 +68,13 @@ SECTIONS = [
      "learning rate the logits blow up and softmax saturates). The chapter predates QK-norm (OLMo 2, Gemma 3, "
      "Qwen3 use it).",
      ("qk_logits",), ("qk_logits",)),
+    ("experts", "9. Mixture of experts: the routing",
+     "For a checkpoint with ffn=moe (model/moe.py), on the val windows of section 8 (or the prompt): how each MoE "
+     "block's router spreads the tokens' k choices over its E experts (balance is 1/E each; MaxVio, the largest "
+     "load over the mean minus 1, is 0 there), and the tokens each expert is chosen for most often, each with the "
+     "share of that token's occurrences that chose it (k/E by chance, 1 when the expert takes it every time): "
+     "an expert that takes a token far above chance has specialised in it. A dense checkpoint has no row.",
+     ("experts",), ("experts",)),
 ]
 
 ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
@@ -84,7 +91,7 @@ def _ms(seconds: float) -> float:
 def tables(report: dict) -> dict[str, dict]:
     """Each table as {"columns": [...], "rows": [[...]]}: the page shows them, W&B gets them as wandb.Table."""
     rows = {name: [] for name in ("kv_cache", "wiring", "kv_heads", "entropy", "shift", "stream", "ffn", "lengths",
-                                  "qk_logits")}
+                                  "qk_logits", "experts")}
     for ckpt in report["checkpoints"]:
         label = ckpt["label"]
         kv = ckpt["kv_cache"]
@@ -123,6 +130,10 @@ def tables(report: dict) -> dict[str, dict]:
             rows["qk_logits"].append([label, scale["qk_norm"], layer, _read_on(scale), as_trained,
                                       scale["bypassed"][layer] if scale["bypassed"] else None,
                                       scale["bound"][layer] if scale["bound"] else None])
+        for block in (ckpt.get("experts") or {}).get("blocks", []):
+            for e, (load, top) in enumerate(zip(block["load"], block["top_tokens"])):
+                rows["experts"].append([label, block["block"], round(block["max_vio"], 4), e, round(load, 4),
+                                        ", ".join(f"{t['token']} ({t['count']}, {t['share']:.0%})" for t in top)])
     columns = {
         "kv_cache": ["checkpoint", "positions", "cached ms/token, first", "cached ms/token, last",
                      "uncached ms/token, first", "uncached ms/token, last", "uncached / cached, whole run",
@@ -139,8 +150,11 @@ def tables(report: dict) -> dict[str, dict]:
                     "positions inside the context", "positions past it", "note"],
         "qk_logits": ["checkpoint", "QK-norm", "layer", "read on", "max |q·k|/√D as trained",
                       "max |q·k|/√D, norm bypassed", "bound √D·max|g_q|·max|g_k|"],
+        "experts": ["checkpoint", "block", "MaxVio", "expert", "load (share of the choices)",
+                    "its most frequent tokens (count, share of the token's occurrences)"],
     }
-    return {name: {"columns": columns[name], "rows": rows[name]} for name in rows}
+    # the experts' table only where a checkpoint has experts: a dense report has no section 9
+    return {name: {"columns": columns[name], "rows": rows[name]} for name in rows if rows[name] or name != "experts"}
 
 
 def _read_on(scale: dict) -> str:
@@ -277,6 +291,8 @@ def render(report: dict, figures: dict[str, bytes]) -> str:
 <p>Prompt: <code>{html.escape(repr(report['prompt']))}</code>, {len(report['tokens'])} tokens with BOS:
 <span class="tokens">{tokens}</span></p>"""]
     for section_id, title, text, prefixes, table_names in SECTIONS:
+        if not all(name in all_tables for name in table_names):  # section 9 without a checkpoint with experts
+            continue
         rows = ["".join(_image(name, data) for name, data in figures.items() if name.startswith(prefix))
                 for prefix in prefixes]  # one row per figure; a figure drawn per checkpoint, side by side
         parts.append(f'<section id="{section_id}"><h2>{html.escape(title)}</h2><p>{html.escape(text)}</p>'

@@ -1,5 +1,6 @@
 """The GGUF file that llama.cpp runs: this repo's LLaMA in llama.cpp's LLaMA layout (with QK-norm: its Qwen3 layout;
-with multi-head latent attention: its deepseek2 layout), its SentencePiece tokenizer inside.
+with multi-head latent attention: its deepseek2 layout; with experts: llama's, qwen3moe's or deepseek2's MoE
+layout), its SentencePiece tokenizer inside.
 
     metadata  <arch>.*           context, embedding and feed-forward lengths, blocks, heads, K/V heads,
                                  RoPE base, dimension count and scaling (add_rope), RMSNorm eps, vocabulary size;
@@ -31,6 +32,15 @@ key_length / value_length are the latent's, key_length_mla / value_length_mla a 
 (leading_dense_block_count = blocks). llama.cpp's graph gives every RMSNorm the one eps,
 <arch>.attention.layer_norm_rms_epsilon, where the latents' here is 1e-6: a model with model.norm_eps=1e-6 is
 the same model there.
+
+ffn=moe: Mixtral (the softmax router, qk_norm=none) is llama.cpp's llama graph with experts, whose
+feed_forward_length is each expert's width; Qwen3-MoE (with QK-norm) its qwen3moe graph, experts in every block;
+DeepseekV3 (MLA, the sigmoid router) its deepseek2 graph with experts after leading_dense_block_count, shared
+experts (which that graph always adds), sigmoid gating renormalised and not rescaled, one group. Tensors:
+                  mlp.gate (block_sparse_moe.gate)        blk.i.ffn_gate_inp    [E, d]
+                  experts.e.{gate,up,down}_proj, stacked  blk.i.ffn_{gate,up,down}_exps   [E, out, in] (merged_experts)
+                  mlp.shared_experts.*                    blk.i.ffn_{gate,up,down}_shexp
+                  mlp.gate.e_score_correction_bias        blk.i.exp_probs_b.bias   [E]  (the loss-free bias)
 
 --dtype: f32 writes every tensor as float32; f16 and q8_0 convert the matrices and keep the 1-D norm weights
 float32, as llama.cpp's own converter does. q8_0 stores blocks of 32 consecutive weights of a row as 32 int8
@@ -71,10 +81,15 @@ LLAMA_CPP_ARCHS = {"none": LlamaCppArch(gguf.MODEL_ARCH.LLAMA, adjacent_rope=Tru
                    "rmsnorm": LlamaCppArch(gguf.MODEL_ARCH.QWEN3, adjacent_rope=False)}
 # adjacent pairs too, but hf_state_dict's DeepseekV3 layout already has them so: nothing to reorder here
 DEEPSEEK2 = LlamaCppArch(gguf.MODEL_ARCH.DEEPSEEK2, adjacent_rope=False)
+# ffn=moe with QK-norm (Qwen3-MoE): its qwen3moe graph, qwen3's with experts in every block. Without QK-norm
+# (Mixtral) it is the llama graph with experts; with MLA (DeepseekV3) the deepseek2 graph with experts.
+QWEN3MOE = LlamaCppArch(gguf.MODEL_ARCH.QWEN3MOE, adjacent_rope=False)
 
 
 def llama_cpp_arch(cfg: ModelConfig) -> LlamaCppArch:
-    return DEEPSEEK2 if cfg.attention == "mla" else LLAMA_CPP_ARCHS[cfg.qk_norm]
+    if cfg.attention == "mla":
+        return DEEPSEEK2
+    return QWEN3MOE if cfg.ffn == "moe" and cfg.qk_norm == "rmsnorm" else LLAMA_CPP_ARCHS[cfg.qk_norm]
 Q = gguf.GGMLQuantizationType
 # --dtype -> the matrices' type, and the file type recorded in general.file_type
 DTYPES = {"f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
@@ -94,8 +109,11 @@ def gguf_tensors(model: Transformer, target: LlamaCppArch,
     rope_heads = ({gguf.MODEL_TENSOR.ATTN_Q: cfg.n_heads, gguf.MODEL_TENSOR.ATTN_K: cfg.n_kv_heads}
                   if target.adjacent_rope else {})
     tensors, notes = [], []
-    for hf_name, w in latent_up_projections(hf_state_dict(model), cfg).items():
-        kind, name = names.get_type_and_name(hf_name, try_suffixes=(".weight",))
+    for hf_name, w in merged_experts(latent_up_projections(hf_state_dict(model), cfg)).items():
+        if hf_name.endswith(".gate.e_score_correction_bias"):  # llama.cpp's exp_probs_b, stored as a .bias
+            kind, name = gguf.MODEL_TENSOR.FFN_EXP_PROBS_B, names.get_name(hf_name.removesuffix("_bias")) + ".bias"
+        else:
+            kind, name = names.get_type_and_name(hf_name, try_suffixes=(".weight",))
         if kind in rope_heads:
             w = adjacent_rope_pairs(w, rope_heads[kind])
         qtype = Q.F32 if w.dim() == 1 else DTYPES[dtype][0]
@@ -121,13 +139,67 @@ def latent_up_projections(hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -
     return out
 
 
-def add_attention(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
-    """The heads' keys: K/V heads of head_dim for llama and qwen3; for deepseek2, MLA as llama.cpp runs it, one K/V
-    head of the latent (d_c + d_R keys, d_c values), the per-head sizes as *_mla, and no experts."""
+def merged_experts(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each MoE block's per-expert projections (<block>.experts.<e>.<proj>.weight, [out, in]) as llama.cpp reads
+    them, one [E, out, in] tensor per projection (<block>.experts.<proj>.weight); other weights as they are."""
+    out, experts = {}, {}
+    for name, w in hf_state.items():
+        head, sep, tail = name.partition(".experts.")
+        if not sep:
+            out[name] = w
+            continue
+        e, projection = tail.split(".", 1)
+        experts.setdefault(f"{head}.experts.{projection}", {})[int(e)] = w
+    return out | {name: torch.stack([by_expert[e] for e in range(len(by_expert))])
+                  for name, by_expert in experts.items()}
+
+
+def check_experts(cfg: ModelConfig, target: LlamaCppArch) -> None:
+    """The MoE graphs' limits: qwen3moe has experts in every block, deepseek2's MoE blocks always add shared ones."""
+    if cfg.ffn != "moe":
+        return
+    if target == QWEN3MOE and cfg.dense_layers:
+        raise InteropError(f"model.dense_layers={cfg.dense_layers} has no llama.cpp qwen3moe equivalent: its graph "
+                           f"has experts in every block")
+    if target == DEEPSEEK2 and not cfg.n_shared_experts:
+        raise InteropError("model.n_shared_experts=0 has no llama.cpp deepseek2 equivalent: its MoE blocks always "
+                           "add shared experts")
+
+
+def add_experts(writer: gguf.GGUFWriter, cfg: ModelConfig, target: LlamaCppArch) -> None:
+    """The FFN's keys: feed_forward_length (llama's MoE graph reads it as each expert's width), and for an MoE its E
+    and k, the experts' width, and deepseek2's dense blocks, shared experts and sigmoid gates renormalised and not
+    rescaled. A dense deepseek2 is every block dense, with no shared experts."""
+    moe = cfg.ffn == "moe"
+    writer.add_feed_forward_length(cfg.expert_width if moe and target.arch == gguf.MODEL_ARCH.LLAMA else cfg.ffn_width)
+    if moe:
+        writer.add_expert_count(cfg.n_experts)
+        writer.add_expert_used_count(cfg.experts_per_token)
+    if target == QWEN3MOE or target == DEEPSEEK2:
+        # read by llama.cpp's deepseek2 loader even when no block has experts
+        writer.add_expert_feed_forward_length(cfg.expert_width if moe else cfg.ffn_width)
+    if target == DEEPSEEK2:
+        writer.add_leading_dense_block_count(cfg.dense_layers if moe else cfg.n_layers)
+        writer.add_expert_shared_count(cfg.n_shared_experts if moe else 0)
+    if target == DEEPSEEK2 and moe:
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        writer.add_expert_weights_norm(True)
+        writer.add_expert_weights_scale(1.0)
+        writer.add_expert_group_count(1)
+        writer.add_expert_group_used_count(1)
+
+
+def add_attention(writer: gguf.GGUFWriter, cfg: ModelConfig, target: LlamaCppArch) -> None:
+    """The heads' keys: K/V heads of head_dim for llama and qwen3 (qwen3moe with the head dim written out, which
+    transformers' GGUF loader reads there); for deepseek2, MLA as llama.cpp runs it, one K/V head of the latent
+    (d_c + d_R keys, d_c values), the per-head sizes as *_mla."""
     writer.add_head_count(cfg.n_heads)
     if cfg.attention != "mla":
         writer.add_head_count_kv(cfg.n_kv_heads)
         writer.add_rope_dimension_count(cfg.head_dim)
+        if target == QWEN3MOE:
+            writer.add_key_length(cfg.head_dim)
+            writer.add_value_length(cfg.head_dim)
         return
     writer.add_head_count_kv(1)
     writer.add_rope_dimension_count(cfg.rope_dim)
@@ -138,9 +210,6 @@ def add_attention(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
     writer.add_value_length(cfg.kv_rank)
     writer.add_key_length_mla(cfg.head_dim + cfg.rope_dim)
     writer.add_value_length_mla(cfg.value_dim)
-    writer.add_leading_dense_block_count(cfg.n_layers)
-    writer.add_expert_feed_forward_length(cfg.d_ff)  # read by llama.cpp's deepseek2 loader, though no layer has experts
-    writer.add_expert_shared_count(0)
 
 
 def add_tokenizer(writer: gguf.GGUFWriter, proto: sentencepiece_model_pb2.ModelProto) -> None:
@@ -202,11 +271,12 @@ def add_rope(writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
 
 
 def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str = "f32") -> list[str]:
-    """Writes the GGUF file atomically; refuses a model that is not a LLaMA, a Qwen3 or a DeepSeek-V3 with dense
-    FFNs. Returns notes for the user."""
+    """Writes the GGUF file atomically; refuses a model that is not a LLaMA, a Qwen3 or a DeepSeek-V3, or a Mixtral,
+    Qwen3-MoE or DeepSeek-V3 with experts, that llama.cpp runs. Returns notes for the user."""
     cfg = model.cfg
     check_exportable(cfg, "llama.cpp")
     target = llama_cpp_arch(cfg)
+    check_experts(cfg, target)
     check_latent_query(cfg)
     check_rope_scaling(cfg, target)
     tensors, notes = gguf_tensors(model, target, dtype)
@@ -226,8 +296,8 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
             writer.add_context_length(cfg.context_length)
             writer.add_embedding_length(cfg.d_model)
             writer.add_block_count(cfg.n_layers)
-            writer.add_feed_forward_length(cfg.d_ff)
-            add_attention(writer, cfg)
+            add_experts(writer, cfg, target)
+            add_attention(writer, cfg, target)
             add_rope(writer, cfg)
             writer.add_layer_norm_rms_eps(cfg.norm_eps)
             add_tokenizer(writer, proto)

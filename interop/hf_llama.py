@@ -1,5 +1,6 @@
 """The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM (Qwen3ForCausalLM with QK-norm,
-DeepseekV3ForCausalLM with multi-head latent attention): config, weights, tokenizer.
+DeepseekV3ForCausalLM with multi-head latent attention, MixtralForCausalLM and Qwen3MoeForCausalLM with a mixture of
+experts): config, weights, tokenizer.
 
 model.qk_norm picks the architecture: none is LLaMA; rmsnorm is Qwen3, which is LLaMA plus an RMSNorm over each q and
 k head after the projections and before RoPE, with one gain of D dims per layer shared by the heads and eps
@@ -34,6 +35,17 @@ are LLaMA's but for the attention (model/mla.py; q_rank r, latent d_c, RoPE part
     blocks.i.attn.v_up.weight   [H D_v, d_c]      [W_uk,h; W_uv,h] together (deepseek_layout)
     blocks.i.attn.out.weight    [d, H D_v]      self_attn.o_proj.weight
 
+model.ffn=moe (model/moe.py; E experts of d_e, block i an MoE one) maps its router and experts, and DeepseekV3 its
+shared experts and balancing bias (<b> is block_sparse_moe for Mixtral, mlp otherwise; Mixtral calls the
+projections w1, w3, w2):
+
+    blocks.i.ffn.router.weight      [E, d]         <b>.gate.weight
+    blocks.i.ffn.experts_in.weight  [E 2d_e, d]    rows [W1_e; W3_e] for each e = <b>.experts.e.{gate,up}_proj.weight
+    blocks.i.ffn.experts_out.weight [E d_e, d]     rows W2_e^T for each e; <b>.experts.e.down_proj.weight is W2_e
+                                                   [d, d_e] (moe_layout transposes each)
+    blocks.i.ffn.shared.w_in/w_out                 mlp.shared_experts.{gate,up,down}_proj.weight (DeepseekV3)
+    blocks.i.ffn.bias               [E]            mlp.gate.e_score_correction_bias (DeepseekV3)
+
 DeepSeek rotates interleaved pairs (x_2i, x_2i+1) (rope_interleave, written true as DeepSeek's checkpoints have
 it), this repo half-split ones (x_i, x_i+d_R/2): the rows that make each RoPE part (q_up's per head, kv_down's
 last d_R) are reordered at the boundary, so the same pairs rotate by the same frequency on both sides.
@@ -64,6 +76,19 @@ LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope",
 
 
 @dataclass(frozen=True)
+class Experts:
+    """Where a transformers MoE family keeps a sparse block's weights, under model.layers.i.: <block>.gate.weight is
+    the router, <block>.experts.e.<gate|up|down>.weight expert e's W1, W3, W2, and config.json names E, k and d_e."""
+    block: str
+    gate: str
+    up: str
+    down: str
+    n_experts: str  # config.json's keys
+    expert_width: str
+    shared: str | None = None  # the shared experts' SwiGLU, <block>.<shared>.{gate,up,down}_proj (DeepseekV3)
+
+
+@dataclass(frozen=True)
 class Architecture:
     """A transformers architecture, and the switches that make this repo's model one."""
     name: str  # for messages
@@ -72,6 +97,7 @@ class Architecture:
     switches: dict  # every switch this repo's model must have to be it
     fixed: dict  # config.json keys with the one value this repo's model has: written on export, checked on import
     default_head_dim: int | None  # transformers' head dim when config.json has none (None: hidden / heads)
+    experts: Experts | None = None  # an MoE family's (ffn=moe)
 
 
 LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
@@ -82,14 +108,38 @@ QWEN3 = Architecture("Qwen3", "qwen3", "Qwen3ForCausalLM", LLAMA_SWITCHES | {"qk
 # multi-head latent attention with a dense SwiGLU at every layer; its latents' norms have eps 1e-6 (model/mla.py)
 DEEPSEEK_V3 = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
                            {"hidden_act": "silu", "attention_bias": False}, None)
-ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}  # model.qk_norm -> its architecture
-# config.json's model_type -> its architecture
-BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, QWEN3, DEEPSEEK_V3)}
+# ffn=moe (model/moe.py): the softmax router's families have no shared experts and no balancing bias; Mixtral's
+# blocks are all sparse, Qwen3-MoE's first ones may be dense (mlp_only_layers); DeepseekV3's router is the sigmoid one
+MOE_SWITCHES = LLAMA_SWITCHES | {"ffn": "moe", "router": "softmax", "n_shared_experts": 0, "router_bias_rate": 0.0}
+GATED_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+MIXTRAL = Architecture("Mixtral", "mixtral", "MixtralForCausalLM", MOE_SWITCHES | {"qk_norm": "none", "dense_layers": 0},
+                       {"hidden_act": "silu", "sliding_window": None, "router_jitter_noise": 0.0}, None,
+                       Experts("block_sparse_moe", "w1", "w3", "w2", "num_local_experts", "intermediate_size"))
+QWEN3_MOE = Architecture("Qwen3-MoE", "qwen3_moe", "Qwen3MoeForCausalLM", MOE_SWITCHES | {"qk_norm": "rmsnorm"},
+                         {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
+                          "norm_topk_prob": True, "decoder_sparse_step": 1}, 128,
+                         Experts("mlp", *GATED_PROJECTIONS, "num_experts", "moe_intermediate_size"))
+# DeepseekV3's MoE: the sigmoid router, its bias (e_score_correction_bias), one group, gates not rescaled
+DEEPSEEK_V3_MOE = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausalLM",
+                               LLAMA_SWITCHES | {"qk_norm": "none", "ffn": "moe", "router": "sigmoid"},
+                               {"hidden_act": "silu", "attention_bias": False, "n_group": 1, "topk_group": 1,
+                                "routed_scaling_factor": 1.0, "norm_topk_prob": True}, None,
+                               Experts("mlp", *GATED_PROJECTIONS, "n_routed_experts", "moe_intermediate_size",
+                                       "shared_experts"))
+# model.qk_norm -> its architecture, dense and with experts
+ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}
+MOE_ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (MIXTRAL, QWEN3_MOE)}
+# config.json's model_type -> its architecture (DeepseekV3's with experts where first_k_dense_replace < layers)
+BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, QWEN3, DEEPSEEK_V3, MIXTRAL, QWEN3_MOE)}
 
 
 def architecture_of(cfg: ModelConfig) -> Architecture:
-    """The transformers architecture a model's attention and QK-norm make it, if its other switches are LLaMA's."""
-    return DEEPSEEK_V3 if cfg.attention == "mla" else ARCHITECTURES[cfg.qk_norm]
+    """The transformers architecture a model's attention, FFN, router and QK-norm make it, if its other switches are
+    LLaMA's: DeepseekV3 for MLA (with the sigmoid router's experts or dense), else the softmax router's families
+    for an MoE, else LLaMA or Qwen3."""
+    if cfg.attention == "mla" or cfg.ffn == "moe" and cfg.router == "sigmoid":
+        return DEEPSEEK_V3_MOE if cfg.ffn == "moe" else DEEPSEEK_V3
+    return (MOE_ARCHITECTURES if cfg.ffn == "moe" and cfg.router == "softmax" else ARCHITECTURES)[cfg.qk_norm]
 
 
 def hf_head_dim(hf: dict) -> int:
@@ -128,12 +178,47 @@ def _weight_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
             names[ours + "attn.qk_norm.k_norm.weight"] = [(theirs + "self_attn.k_norm.weight", D)]
         names[ours + "attn.out.weight"] = [(theirs + "self_attn.o_proj.weight", cfg.d_model)]
         names[ours + "ffn_norm.weight"] = [(theirs + "post_attention_layernorm.weight", cfg.d_model)]
-        names[ours + "ffn.w_in.weight"] = list(zip([theirs + "mlp.gate_proj.weight", theirs + "mlp.up_proj.weight"],
-                                                   block.ffn.w_in.stacked_rows, strict=True))
-        names[ours + "ffn.w_out.weight"] = [(theirs + "mlp.down_proj.weight", cfg.d_model)]
+        if i in model.moe_layers():
+            names |= _expert_names(cfg, architecture_of(cfg).experts, ours + "ffn.", theirs)
+        else:
+            names |= _dense_ffn_names(cfg, ours + "ffn.", theirs + "mlp.")
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = [("lm_head.weight", cfg.vocab_size)]
     return names
+
+
+def _dense_ffn_names(cfg: ModelConfig, ours: str, theirs: str, width: int | None = None) -> dict:
+    """A SwiGLU's names: rows [W1; W3] of w_in are gate_proj and up_proj, w_out is down_proj."""
+    width = width or cfg.ffn_width
+    return {ours + "w_in.weight": [(theirs + "gate_proj.weight", width), (theirs + "up_proj.weight", width)],
+            ours + "w_out.weight": [(theirs + "down_proj.weight", cfg.d_model)]}
+
+
+def _expert_names(cfg: ModelConfig, experts: Experts, ours: str, theirs: str) -> dict:
+    """An MoE block's names, in moe_layout's terms (its experts_out rows are each expert's W2, [d, d_e])."""
+    E, d_e, block = cfg.n_experts, cfg.expert_width, theirs + experts.block + "."
+    names = {ours + "router.weight": [(block + "gate.weight", E)],
+             ours + "experts_in.weight": [(f"{block}experts.{e}.{part}.weight", d_e)
+                                         for e in range(E) for part in (experts.gate, experts.up)],
+             ours + "experts_out.weight": [(f"{block}experts.{e}.{experts.down}.weight", cfg.d_model)
+                                          for e in range(E)]}
+    if experts.shared:  # DeepseekV3's balancing bias, and its shared experts if any
+        names[ours + "bias"] = [(block + "gate.e_score_correction_bias", E)]
+        if cfg.n_shared_experts:
+            names |= _dense_ffn_names(cfg, ours + "shared.", f"{block}{experts.shared}.", cfg.n_shared_experts * d_e)
+    return names
+
+
+def moe_layout(state: dict[str, torch.Tensor], model: Transformer, to_hf: bool = True) -> dict:
+    """An MoE model's weights with each block's experts_out as transformers holds W2: this repo stores expert e's
+    rows as W2_e^T [d_e, d] (so that Muon's stacked_rows split it), transformers W2_e [d, d_e]. to_hf=False
+    is the inverse."""
+    out, d = dict(state), model.cfg.d_model
+    for i, moe in model.moe_layers().items():
+        name = f"blocks.{i}.ffn.experts_out.weight"
+        shape = (moe.n_experts, moe.expert_d_ff, d) if to_hf else (moe.n_experts, d, moe.expert_d_ff)
+        out[name] = state[name].view(shape).transpose(1, 2).flatten(0, 1)
+    return out
 
 
 def _latent_attention_names(cfg: ModelConfig, ours: str, theirs: str) -> dict[str, list[tuple[str, int]]]:
@@ -206,6 +291,14 @@ def check_exportable(cfg: ModelConfig, target: str) -> Architecture:
     if refused:
         raise InteropError(f"no {target} {arch.name} equivalent for {', '.join(refused)} "
                            f"({arch.name} is {', '.join(f'model.{k}={v}' for k, v in arch.switches.items())})")
+    if cfg.ffn == "moe" and cfg.experts_per_token == 1:  # model/moe.py: a top-1 gate is p, not renormalised
+        raise InteropError(f"model.experts_per_token=1 has no {target} {arch.name} equivalent: its gates are "
+                           f"renormalised over the k chosen, 1 for a single expert, where this repo's top-1 gate is "
+                           f"the router's probability (Switch)")
+    if arch is DEEPSEEK_V3_MOE and cfg.attention != "mla":
+        raise InteropError(f"no {target} equivalent for model.router=sigmoid with model.attention={cfg.attention}: "
+                           f"the sigmoid router's family, DeepseekV3, has multi-head latent attention "
+                           f"(attention=mla)")
     return arch
 
 
@@ -236,18 +329,19 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
               if rope["rope_type"] != "default" else {})
     heads = ({"num_key_value_heads": cfg.n_heads, "kv_lora_rank": cfg.kv_rank, "q_lora_rank": cfg.q_rank,
               "qk_nope_head_dim": cfg.head_dim, "qk_rope_head_dim": cfg.rope_dim, "v_head_dim": cfg.value_dim,
-              "rope_interleave": True, "first_k_dense_replace": cfg.n_layers}  # every FFN dense
-             if arch is DEEPSEEK_V3 else {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim})
+              "rope_interleave": True, "first_k_dense_replace": cfg.n_layers}  # every FFN dense, unless experts
+             if arch.model_type == "deepseek_v3" else {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim})
     return {
         "architectures": [arch.class_name],
         "model_type": arch.model_type,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
-        "intermediate_size": cfg.d_ff,
+        "intermediate_size": cfg.ffn_width,
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         **heads,
         "max_position_embeddings": max_positions,
+        **hf_experts(cfg, arch),
         "rms_norm_eps": cfg.norm_eps,
         "rope_parameters": rope,
         # transformers 4.x reads rope_theta, rope_scaling and torch_dtype; 5.x reads rope_parameters and dtype
@@ -263,9 +357,25 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
     }
 
 
+def hf_experts(cfg: ModelConfig, arch: Architecture) -> dict:
+    """config.json's MoE keys (none for a dense model): E, k and d_e under the family's names, and which blocks
+    are dense (Mixtral has none: its switches hold dense_layers at 0)."""
+    experts = arch.experts
+    if experts is None:
+        return {}
+    keys = {experts.n_experts: cfg.n_experts, "num_experts_per_tok": cfg.experts_per_token,
+            experts.expert_width: cfg.expert_width, "router_aux_loss_coef": cfg.router_aux_coef,
+            "output_router_logits": False}
+    if arch is QWEN3_MOE:
+        keys["mlp_only_layers"] = list(range(cfg.dense_layers))
+    if arch is DEEPSEEK_V3_MOE:
+        keys |= {"first_k_dense_replace": cfg.dense_layers, "n_shared_experts": cfg.n_shared_experts}
+    return keys
+
+
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The model's weights under transformers' names, split into their separate matrices."""
-    ours = model.state_dict()
+    ours = moe_layout(model.state_dict(), model)
     if model.cfg.attention == "mla":
         ours = deepseek_layout(ours, model.cfg)
     out = {}
@@ -281,6 +391,8 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     """ModelConfig for a transformers LLaMA, Qwen3 or DeepseekV3 config.json; refuses features this repo does not
     have."""
     arch = BY_MODEL_TYPE.get(hf.get("model_type"))
+    if arch is DEEPSEEK_V3 and hf.get("first_k_dense_replace", 3) < hf.get("num_hidden_layers", 0):
+        arch = DEEPSEEK_V3_MOE  # its later blocks have experts (3: DeepseekV3Config's default)
     if arch is None:
         raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type="
                            f"{' or '.join(repr(t) for t in BY_MODEL_TYPE)} is")
@@ -301,29 +413,42 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
     values |= rope_settings(hf, values["context_length"])
-    if arch is DEEPSEEK_V3:
+    if arch.model_type == "deepseek_v3":
         values |= latent_attention_settings(hf)
+    if arch.experts:
+        values |= expert_settings(hf, arch)
     head_dim = values.pop("head_dim", None) or hf_head_dim(hf)
     if head_dim * n_heads != d:
         raise InteropError(f"head_dim={head_dim} is not supported; this repo's head dim is "
                            f"hidden_size / num_attention_heads = {d} / {n_heads}")
-    # Our SwiGLU width is ffn_multiple_of * ceil(8/3 d / ffn_multiple_of), which equals
-    # ffn_multiple_of itself whenever that is at least 8/3 d.
-    if 3 * ffn_width < 8 * d:
-        raise InteropError(f"intermediate_size={ffn_width} is below 8/3 * hidden_size = {8 * d / 3:.1f}, "
-                           f"the narrowest SwiGLU this repo builds")
-    return ModelConfig(**values, ffn_multiple_of=ffn_width,
+    return ModelConfig(**values, d_ff=ffn_width,
                        norm_eps=hf.get("rms_norm_eps", 1e-6),
                        tie_embeddings=hf.get("tie_word_embeddings", False), **arch.switches)
 
 
+def expert_settings(hf: dict, arch: Architecture) -> dict:
+    """model.n_experts, experts_per_token, expert_d_ff, router_aux_coef and the dense blocks (and DeepseekV3's
+    shared experts) of an MoE family's config.json: hf_experts' inverse."""
+    experts = arch.experts
+    try:
+        values = {"n_experts": hf[experts.n_experts], "experts_per_token": hf["num_experts_per_tok"],
+                  "expert_d_ff": hf[experts.expert_width], "router_aux_coef": float(hf.get("router_aux_loss_coef", 0))}
+    except KeyError as e:
+        raise InteropError(f"config.json has no {e.args[0]}") from None
+    if arch is QWEN3_MOE:
+        dense = hf.get("mlp_only_layers") or []
+        if dense != list(range(len(dense))):  # this repo's dense blocks are the first ones (model.dense_layers)
+            raise InteropError(f"mlp_only_layers={dense} is not supported; this repo's dense blocks are the first "
+                               f"model.dense_layers ones, e.g. mlp_only_layers={list(range(len(dense)))}")
+        values["dense_layers"] = len(dense)
+    if arch is DEEPSEEK_V3_MOE:
+        values |= {"dense_layers": hf.get("first_k_dense_replace", 3), "n_shared_experts": hf.get("n_shared_experts", 1)}
+    return values
+
+
 def latent_attention_settings(hf: dict) -> dict:
     """model.kv_rank, q_rank, rope_head_dim and v_head_dim (and the head dim, qk_nope_head_dim) of a DeepseekV3
-    config.json; refuses its MoE layers, which this repo's dense FFN has no counterpart for."""
-    layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 3)  # DeepseekV3Config's default
-    if dense < layers:
-        raise InteropError(f"first_k_dense_replace={dense} is not supported: layers {dense} to {layers - 1} are "
-                           f"mixture-of-experts layers, and this repo's FFN is dense at every layer")
+    config.json."""
     try:
         head_dim, value_dim = hf["qk_nope_head_dim"], hf["v_head_dim"]
         return {"kv_rank": hf["kv_lora_rank"], "q_rank": hf.get("q_lora_rank"), "head_dim": head_dim,
@@ -385,11 +510,13 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], ro
     # Older transformers saved the RoPE frequencies; ours are recomputed from rope_base. A tied
     # checkpoint may still store lm_head.weight: transformers ignores it, and so do we.
     expected = {hf_name for parts in names.values() for hf_name, _ in parts}
-    ignored = {n for n in hf_state if n.endswith("rotary_emb.inv_freq") or n == "lm_head.weight"}
+    # DeepseekV3 without shared experts still holds their [0, d] projections: empty, as ours are absent
+    ignored = {n for n in hf_state if n.endswith("rotary_emb.inv_freq") or n == "lm_head.weight"
+               or hf_state[n].numel() == 0}
     missing, unexpected = sorted(expected - set(hf_state)), sorted(set(hf_state) - expected - ignored)
     if missing or unexpected:
         raise InteropError(f"weights do not match config.json: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    ours = model.state_dict()
+    ours = moe_layout(model.state_dict(), model)
     if model.cfg.attention == "mla":
         ours = deepseek_layout(ours, model.cfg)
     state = {}
@@ -402,6 +529,9 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], ro
         state["lm_head.weight"] = state["tok_emb.weight"]
     if model.cfg.attention == "mla":
         state = repo_layout(state, model.cfg, rope_interleave)
+    state = moe_layout(state, model, to_hf=False)
+    for i in model.moe_layers():  # the bias of a family that has none (Mixtral, Qwen3-MoE): zeros, as it routes
+        state.setdefault(f"blocks.{i}.ffn.bias", torch.zeros(model.cfg.n_experts))
     model.load_state_dict(state)
 
 

@@ -16,6 +16,7 @@ from model.config import ModelConfig
 from model.ffn import FeedForward
 from model.kv_cache import KVCache
 from model.mla import LatentAttention
+from model.moe import MoE
 from model.norms import make_norm
 from model.positions import Rotary
 from model.qk_norm import QKNorm
@@ -30,7 +31,8 @@ class Block(nn.Module):
         self.attn = LatentAttention(cfg, rotary, layer) if cfg.attention == "mla" else \
             Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.ffn, cfg.bias)
+        self.ffn = MoE(cfg) if cfg.ffn == "moe" and layer >= cfg.dense_layers else \
+            FeedForward(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 

@@ -20,7 +20,12 @@ NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
 ATTENTIONS = ("gqa", "mha", "mqa", "mla")  # the attention group's options (configs/attention/)
 MLA_SETTINGS = ("q_rank", "rope_head_dim", "v_head_dim")  # attention=mla's, beside model.kv_rank
-FFNS = ("swiglu", "relu", "gelu", "relu2")
+FFNS = ("swiglu", "relu", "gelu", "relu2", "moe")
+ROUTERS = ("softmax", "sigmoid")  # model.router, ffn=moe's (model/moe.py)
+# ffn=moe's settings and their values without it: each is refused with a dense FFN unless it has that value
+MOE_SETTINGS = {"n_experts": None, "experts_per_token": None, "expert_d_ff": None, "n_shared_experts": 0,
+                "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
+                "router_bias_rate": 0.0}
 QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
 
@@ -63,6 +68,7 @@ class ModelConfig:
     qk_norm: str = "none"  # rmsnorm: each q and k head RMS-normalised before RoPE (model/qk_norm.py)
     ffn: str = "swiglu"
     ffn_multiple_of: int = 32  # SwiGLU's d_ff (model/ffn.py) is rounded up to this multiple
+    d_ff: int | None = None  # the FFN's hidden width; null: its rule of d_model (model/ffn.py's hidden_width)
     rope_base: float = 10000.0
     rope_scaling: str = "none"  # none, linear, ntk, dynamic or yarn: RoPE past the trained context (model/rope_scaling.py)
     rope_factor: float = 1.0  # the scaling's s: the length it stretches to over the original context
@@ -77,6 +83,16 @@ class ModelConfig:
     q_rank: int | None = None  # MLA's query latent; null: a full-rank query projection
     rope_head_dim: int | None = None  # d_R, each query head's RoPE part and the shared RoPE key (null: head_dim / 2)
     v_head_dim: int | None = None  # each head's value width (null: head_dim)
+    # Mixture of experts (ffn=moe, model/moe.py; configs/ffn/moe.yaml sets the sizes): E experts of d_e, k a token
+    n_experts: int | None = None
+    experts_per_token: int | None = None
+    expert_d_ff: int | None = None  # each expert's SwiGLU width d_e (null: the dense SwiGLU's d_ff / k)
+    n_shared_experts: int = 0  # always-on experts of d_e (DeepSeekMoE)
+    dense_layers: int = 0  # the first blocks keep a dense SwiGLU (DeepSeek-V3's first_k_dense_replace)
+    router: str = "softmax"  # softmax (Mixtral, Qwen3-MoE) or sigmoid (DeepSeek-V3)
+    router_aux_coef: float = 0.0  # the load-balancing loss's weight (Switch, OLMoE: 0.01)
+    router_z_coef: float = 0.0  # the router z-loss's weight (ST-MoE, OLMoE: 0.001)
+    router_bias_rate: float = 0.0  # the loss-free balancing bias's step after each optimizer step (DeepSeek-V3)
 
     def __post_init__(self):
         self.validate()
@@ -86,8 +102,20 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
-    def d_ff(self) -> int:
-        return hidden_width(self.ffn, self.d_model, self.ffn_multiple_of)
+    def dense_ffn(self) -> str:
+        """The dense FFN's kind: ffn=moe keeps SwiGLU in its first model.dense_layers blocks (and its shared experts)."""
+        return "swiglu" if self.ffn == "moe" else self.ffn
+
+    @property
+    def expert_width(self) -> int:
+        """d_e: model.expert_d_ff, or the dense SwiGLU's d_ff over k, so that the k active experts hold the dense
+        FFN's parameters (at most one unit fewer each)."""
+        return self.expert_d_ff or max(1, self.ffn_width // self.experts_per_token)
+
+    @property
+    def ffn_width(self) -> int:
+        """The dense FFN's d_ff as built: model.d_ff, or the FFN's rule of d_model when it is null."""
+        return self.d_ff or hidden_width(self.dense_ffn, self.d_model, self.ffn_multiple_of)
 
     @property
     def original_context(self) -> int:
@@ -125,6 +153,8 @@ class ModelConfig:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
+        if self.d_ff is not None and (not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff <= 0):
+            raise ConfigError(f"model.d_ff={self.d_ff!r} must be a positive integer, or null for the FFN's rule")
         for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
                              ("ffn", FFNS), ("qk_norm", QK_NORMS), ("embedding_scale", EMBEDDING_SCALES)):
             if getattr(self, key) not in options:
@@ -140,6 +170,13 @@ class ModelConfig:
                 if getattr(self, key) is not None:
                     raise ConfigError(f"model.{key}={getattr(self, key)!r} is a setting of attention=mla, but this "
                                       f"model has no latent (model.kv_rank=null)")
+        if self.ffn == "moe":
+            self.validate_moe()
+        else:
+            for key, dense in MOE_SETTINGS.items():
+                if getattr(self, key) != dense:
+                    raise ConfigError(f"model.{key}={getattr(self, key)!r} is a setting of ffn=moe, but "
+                                      f"model.ffn={self.ffn}")
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -186,6 +223,26 @@ class ModelConfig:
             raise ConfigError(f"model.rope_head_dim={d_r} with model.position={self.position}: MLA's RoPE part "
                               + ("carries RoPE's positions; it needs at least 2 dims" if rope else
                                  "is rotated by RoPE; without it use model.rope_head_dim=0 (or null)"))
+
+    def validate_moe(self) -> None:
+        for key in ("n_experts", "experts_per_token", "expert_d_ff", "n_shared_experts", "dense_layers"):
+            value, least = getattr(self, key), {"n_experts": 2, "n_shared_experts": 0, "dense_layers": 0}.get(key, 1)
+            if key == "expert_d_ff" and value is None:  # the rule: expert_width
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"model.{key}={value!r} must be an integer >= {least} with ffn=moe")
+        if self.experts_per_token > self.n_experts:
+            raise ConfigError(f"model.experts_per_token={self.experts_per_token} must be at most "
+                              f"model.n_experts={self.n_experts}")
+        if self.dense_layers >= self.n_layers:
+            raise ConfigError(f"model.dense_layers={self.dense_layers} leaves no block of model.n_layers="
+                              f"{self.n_layers} with experts; use a dense ffn")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"model.router={self.router!r} must be one of {', '.join(ROUTERS)}")
+        for key in ("router_aux_coef", "router_z_coef", "router_bias_rate"):
+            value = getattr(self, key)
+            if not (is_number(value) and 0 <= value < math.inf):
+                raise ConfigError(f"model.{key}={value!r} must be a number >= 0")
 
     def validate_rope_scaling(self) -> None:
         if self.rope_scaling not in SCALINGS:

@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import causal_mask
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.norms import RMSNorm
@@ -90,14 +89,21 @@ class LatentAttention(nn.Module):
 
     def absorbed(self, q: torch.Tensor, latents: torch.Tensor, n_new: int) -> torch.Tensor:
         """Attention of q: [B, H, T, D + d_R] over the latents [B, 1, S, d_c + d_R] of S positions, the last T
-        of them q's, without per-head keys or values: [B, H, T, D_v]."""
-        H, D, d_c = self.n_heads, self.head_dim, self.kv_rank
+        of them q's, without per-head keys or values: [B, H, T, D_v]. The latents are one K/V "head" for every
+        query head, so the H heads go in as H T query rows of that one head: one attention over the cache, where
+        sdpa's grouped form would expand the cache to H heads at every step."""
+        B, H, T, _ = q.shape
+        D, d_c = self.head_dim, self.kv_rank
         q_c, q_r = q.split([D, self.rope_dim], dim=-1)
-        q_latent = q_c @ self.k_up.weight.view(H, D, d_c)  # q_C W_uk,h: [B, H, T, d_c]
+        q_latent = torch.cat([q_c @ self.k_up.weight.view(H, D, d_c), q_r], dim=-1)  # [q_C W_uk,h, q_R]
         S = latents.shape[2]
-        y_latent = F.scaled_dot_product_attention(  # [B, H, T, d_c]: the weights applied to c_kv itself
-            torch.cat([q_latent, q_r], dim=-1), latents, latents[..., :d_c], attn_mask=causal_mask(n_new, S, q.device),
-            is_causal=1 < n_new == S, scale=1 / math.sqrt(D + self.rope_dim), enable_gqa=True)
+        # row (h, t) sees the keys up to query t's position S - T + t; one new query sees every key
+        visible = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T).repeat(H, 1)
+        # the weights applied to the latents themselves, whole (their c_kv part, a strided slice, would be copied
+        # at every step), then c_kv's d_c columns kept: [B, 1, H T, d_c + d_R] -> [B, H, T, d_c]
+        y_latent = F.scaled_dot_product_attention(q_latent.reshape(B, 1, H * T, -1), latents, latents,
+                                                  attn_mask=visible, scale=1 / math.sqrt(D + self.rope_dim))
+        y_latent = y_latent[..., :d_c].reshape(B, H, T, d_c)
         return y_latent @ self.v_up.weight.view(H, self.value_dim, d_c).transpose(1, 2)  # W_uv,h: [B, H, T, D_v]
 
     def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:

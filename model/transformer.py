@@ -25,6 +25,7 @@ from torch import nn
 from model.block import Block, final_norm
 from model.config import ModelConfig
 from model.kv_cache import KVCache, kv_cache_bytes
+from model.moe import MoE
 from model.positions import make_positions
 
 INIT_STD = 0.02  # GPT-2's, for every weight matrix and (with embedding_scale=gpt2) the embeddings
@@ -52,7 +53,7 @@ class Transformer(nn.Module):
         # GPT-2's scaled init: each residual branch's output projection by 1/sqrt(2 * n_layers),
         # so the residual stream's variance does not grow with depth.
         for name, p in self.named_parameters():
-            if name.endswith(("attn.out.weight", "ffn.w_out.weight")):
+            if name.endswith(("attn.out.weight", "ffn.w_out.weight", "ffn.experts_out.weight", "shared.w_out.weight")):
                 nn.init.normal_(p, std=INIT_STD / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
@@ -64,6 +65,36 @@ class Transformer(nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())  # a tied matrix is counted once
+
+    def active_params(self) -> int:
+        """The parameters a token uses: each MoE block's k of E experts counted, the rest whole (model/moe.py)."""
+        idle = sum((m.n_experts - m.k) * 3 * m.expert_d_ff * self.cfg.d_model for m in self.moe_layers().values())
+        return self.num_params() - idle
+
+    def moe_layers(self) -> dict[int, MoE]:
+        """The blocks whose FFN is a mixture of experts, by index (model.dense_layers keeps the first ones dense)."""
+        return {i: block.ffn for i, block in enumerate(self.blocks) if isinstance(block.ffn, MoE)}
+
+    def balance_terms(self) -> dict[str, torch.Tensor]:
+        """The routers' balance terms of the last forward with gradients, taken once (model/moe.py), each the mean
+        over the MoE blocks so that a coefficient means the same at any depth: {"aux": ..., "z": ...}, or {} for a
+        dense model."""
+        taken = [terms for moe in self.moe_layers().values() if (terms := moe.take_terms())]
+        return {name: sum(t[name] for t in taken) / len(taken) for name in ("aux", "z")} if taken else {}
+
+    def balance_loss(self, terms: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """What balance_terms add to the language-model loss: model.router_aux_coef * aux + model.router_z_coef * z
+        (0 for a dense model)."""
+        return self.cfg.router_aux_coef * terms["aux"] + self.cfg.router_z_coef * terms["z"] if terms else 0.0
+
+    @torch.no_grad()
+    def update_router_biases(self, reduce) -> None:
+        """After an optimizer step, each MoE block's loss-free bias from that step's choices; reduce(counts) gives
+        them over every process (a mean does: the update reads only their signs against their mean)."""
+        for moe in self.moe_layers().values():
+            if moe.bias_rate:  # every process has the same rate: all of them reduce, or none
+                moe.update_bias(reduce(moe.step_counts.clone()))
+            moe.step_counts.zero_()
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
         heads, key_dim, value_dim = self.cfg.cache_layout

@@ -8,7 +8,6 @@ forward (attention, FFN, norms, RoPE, the LM head), timed by a record_function r
 """
 import argparse
 import sys
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -16,8 +15,6 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench  # noqa: E402  (the repo root, for bench's peers)
-from model import Transformer  # noqa: E402
-from training.evaluate import next_token_loss  # noqa: E402
 
 KINDS = ("Attention", "FeedForward", "RMSNorm", "LayerNorm", "Rotary", "Linear", "Embedding")
 
@@ -38,19 +35,19 @@ def main(argv=None):
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
     sizes, device = bench.full_sizes(args.overrides), bench.Device("cpu")
-    tokens = torch.randint(sizes.dims["vocab_size"], (sizes.batch_size, sizes.context + 1))
-    for name, switches in (("llama_tiny", {}), ("GPT-2 configuration", bench.GPT2_SWITCHES)):
-        model = Transformer(bench.config_with(sizes.dims, sizes.context, **switches)).train()
-        label_modules(model)
-        step = bench.train_step(model, partial(next_token_loss, model), tokens, device)
+    for name, switches in (("llama_tiny", ()), ("GPT-2 configuration", bench.GPT2_SWITCHES)):
+        peer = bench.our_peer(sizes.compose(*switches), device)  # bench.py's training row: its batch, its AdamW
+        peer.model.train()
+        label_modules(peer.model)
         for _ in range(2):
-            step()
+            peer.step(device)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
-                step()
+                peer.step(device)
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events) / args.steps / 1e3
-        print(f"\n== {name}: {total:.1f} ms of CPU time per step ({sizes.batch_size} x {sizes.context} tokens) ==")
+        batch, context = peer.tokens[:, 1:].shape
+        print(f"\n== {name}: {total:.1f} ms of CPU time per step ({batch} x {context} tokens) ==")
         ops = sorted((e for e in events if not e.key.startswith("module: ")), key=lambda e: -e.self_cpu_time_total)
         print("by op (self CPU ms per step, share):")
         for e in ops[:12]:

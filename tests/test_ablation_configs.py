@@ -2,7 +2,8 @@
 hydra.sweeper.params lists in configs/experiment/ablation.yaml builds a model and differs from the
 baseline in exactly the switches it is named for and in its own learning rate, which is the one the
 learning-rate study chose (docs/ablation_lr.json, written by compare.py from `python sweep.py`; the lines added
-after LLaMA in docs/ablation_modern.json, their study's own, beside its rerun of the baseline)."""
+after LLaMA in docs/ablation_modern.json and MLA's in docs/ablation_mla.json, each study's own, beside its rerun of
+the baseline)."""
 import copy
 import functools
 import itertools
@@ -10,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
@@ -38,6 +40,9 @@ SWITCHES = {
     "relu2": {"ffn": "relu2"},
     "muon": {},  # the optimizer's: TRAIN_SWITCHES
     "modern": MODERN,
+    # MLA at the baseline's parameters (d_ff gives back what the latent's up-projections add), by its cache's size
+    "mla": {"attention": "mla", "n_kv_heads": 8, "kv_rank": 56, "rope_head_dim": 8, "d_ff": 293},  # GQA's cache
+    "mla_small": {"attention": "mla", "n_kv_heads": 8, "kv_rank": 24, "rope_head_dim": 8, "d_ff": 325},  # MQA's
 }
 TRAIN_SWITCHES = {"muon": {"optimizer": "muon"}, "modern": {"optimizer": "muon"}}  # train.* a variant changes
 PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
@@ -90,7 +95,9 @@ def without_name(config: dict) -> dict:
 ABLATION = sweep_points("ablation")
 STUDY = json.loads((CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["variants"]
 AFTER_LLAMA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_modern.json").read_text())["variants"]
-STUDY |= {name: line for name, line in AFTER_LLAMA.items() if name not in STUDY}  # the recorded baseline stays
+AFTER_GQA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_mla.json").read_text())["variants"]  # MLA's study
+for later in (AFTER_LLAMA, AFTER_GQA):  # the recorded baseline stays; each later study adds its own lines
+    STUDY |= {name: line for name, line in later.items() if name not in STUDY}
 
 
 def test_the_ablation_sweeps_every_variant_over_three_seeds():
@@ -174,8 +181,23 @@ def test_the_baseline_is_the_model_the_study_ran():
         "ffn_multiple_of": 32, "rope_base": 10000.0, "rope_scaling": "none", "rope_factor": 1.0,
         "rope_original_context": None, "norm_eps": 1e-5, "dropout": 0.0, "bias": False,
         "tie_embeddings": True, "embedding_scale": "gpt2", "kv_rank": None, "q_rank": None, "rope_head_dim": None,
-        "v_head_dim": None}
+        "v_head_dim": None, "d_ff": None, "n_experts": None, "experts_per_token": None, "expert_d_ff": None,
+        "n_shared_experts": 0, "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
+        "router_bias_rate": 0.0}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
     block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352
     assert model.num_params() == 4 * block + 4096 * 128 + 128 == 1_229_952  # docs/ablation.md: 1.23 M parameters
+
+
+@pytest.mark.parametrize("variant, peer", [("mla", "baseline"), ("mla_small", "mqa")])
+def test_each_mla_line_has_the_baselines_parameters_and_a_cache_no_larger_than_its_peers(variant, peer):
+    """docs/ablation.md's MLA table: `mla` caches no more than GQA (the baseline), `mla_small` no more than MQA,
+    each within 0.05% of the baseline's parameters."""
+    def model(name):
+        config, _ = compose_run("+experiment=ablation", f"ablation={name}")
+        return Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": config["data"]["vocab_size"]}))
+
+    line, baseline, peer_model = model(variant), model("baseline"), model(peer)
+    assert abs(line.num_params() - baseline.num_params()) < 5e-4 * baseline.num_params()
+    assert line.kv_cache_bytes_per_token(torch.float32) == peer_model.kv_cache_bytes_per_token(torch.float32)

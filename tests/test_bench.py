@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import bench
+from model.mla import LatentAttention
 from sweep import VARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,6 +84,7 @@ def test_quick_run_writes_every_figure(tmp_path):
     (["model.n_heads=3"], "error: model.n_heads=3 must divide model.d_model=128"),
     (["train.lr=-1"], "error: train.lr=-1.0 must be a positive number"),
     (["--ablation", "--caches"], "error: --ablation and --caches are separate benches: pass one of them"),
+    (["--long"], "error: --long is a setting of --caches: pass both"),
 ])
 def test_bad_flags_stop_before_measuring(argv, message, capsys):
     assert bench.main(argv) == 2
@@ -93,10 +95,13 @@ OVERRIDES = ["model.norm_eps=1e-3", "train.lr=0.0123", "train.betas=[0.8,0.9]"]
 
 
 def norm_eps_of(model: nn.Module) -> set[float]:
-    """The eps of every norm layer, ours (model/norms.py), transformers' LLaMA's and GPT-2's (QKNorm holds two
-    RMSNorms, each counted, and has no eps of its own)."""
+    """The eps of every norm layer that model.norm_eps sets, ours (model/norms.py), transformers' LLaMA's and GPT-2's
+    (QKNorm holds two RMSNorms, each counted, and has no eps of its own). MLA's latent norms keep DeepSeek's 1e-6
+    whatever model.norm_eps (model/mla.py): not counted."""
+    latent = {id(m) for attn in model.modules() if isinstance(attn, LatentAttention)
+              for m in (attn.kv_norm, attn.q_norm) if m is not None}
     return {getattr(m, "eps", getattr(m, "variance_epsilon", None)) for m in model.modules()
-            if "Norm" in type(m).__name__ and type(m).__name__ != "QKNorm"}
+            if "Norm" in type(m).__name__ and type(m).__name__ != "QKNorm" and id(m) not in latent}
 
 
 def assert_settings_reached(peer: bench.Peer) -> None:
@@ -158,20 +163,34 @@ def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
         assert f"| {variant} | {r['tokens_per_s']:,.0f} |" in proc.stdout
 
 
-def test_caches_mode_decodes_with_each_kind_of_cache_against_gqa(tmp_path, capsys):
+@pytest.mark.parametrize("long", [False, True])
+def test_caches_mode_decodes_with_each_kind_of_cache_against_gqa(long, tmp_path, capsys):
     out = tmp_path / "caches.json"
-    assert bench.main(["--caches", "--quick", "--threads", "1", "--repeats", "1", "--json", str(out)]) == 0
+    assert bench.main(["--caches", *["--long"] * long, "--quick", "--threads", "1", "--repeats", "1", "--json",
+                       str(out)]) == 0
     printed, results = capsys.readouterr().out, json.loads(out.read_text())
     assert list(results) == ["batch 1", "batch 2"] and all(list(rows) == ["gqa", "mqa", "mla"]
                                                            for rows in results.values())
     # --quick's 2 layers of 4 heads of 16 dims, fp32: GQA's 2 K/V heads, MQA's 1, MLA's 64 + 8 (kv_rank, d_R)
     sizes = {"gqa": 2 * 2 * 2 * 16 * 4, "mqa": 2 * 2 * 1 * 16 * 4, "mla": 2 * (64 + 8) * 4}
+    # the prompt and the new tokens: 4 + 8, or with --long the quick context of 32 stretched 4x, filled
+    positions = 4 * 32 if long else 4 + 8
     for batch, rows in results.items():
         assert rows["gqa"]["vs_baseline"] == 1.0
         for kind, row in rows.items():
             low, high = row["tokens_per_s_range"]
             assert 0 < low <= row["tokens_per_s"] <= high and row["cache_bytes_per_token"] == sizes[kind]
+            assert row["cache_bytes"] == sizes[kind] * positions * int(batch.split()[1])
+            assert row["weight_bytes"] == 4 * row["num_params"]
             assert f"| {kind} | {row['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | {sizes[kind]:,} |" in printed
+
+
+def test_long_stretches_the_presets_context_with_yarn_and_fills_it():
+    sizes = bench.long_sizes(bench.full_sizes([]), bench.LONG_FACTOR)
+    model = bench.model_config(sizes.compose())
+    assert (model.context_length, model.original_context, model.rope_scaling, model.rope_factor) == (
+        4096, 128, "yarn", 32)
+    assert (sizes.decode_context, sizes.prompt_tokens + sizes.new_tokens) == (4096, 4096)
 
 
 def checkout_copy(tmp_path: Path) -> Path:

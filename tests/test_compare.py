@@ -394,3 +394,23 @@ def test_an_output_that_cannot_be_written_is_one_line_after_the_table(tmp_path, 
     assert printed.err == f"error: cannot write {out}: {reason}\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder", "lrs"]
     assert not any((tmp_path / "folder").iterdir())
+
+
+def test_the_routing_of_mixture_of_experts_variants_against_a_hand_computation(tmp_path, capsys):
+    """A variant whose evals log each MoE block's MaxVio and entropy (training/evaluate.py) gets a routing row:
+    MaxVio and the blocks' mean entropy, mean ± std over its seeds; a dense variant gets none."""
+    for seed, (vios, entropies) in enumerate([((0.2, 0.4), (0.9, 0.7)), ((0.1, 0.3), (0.8, 0.6))]):
+        run_dir = tmp_path / "runs" / "moe" / f"seed{seed}"
+        write_run(run_dir, "moe", seed, 2.0)
+        lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        lines[-1] |= {"moe/max_vio/1": vios[0], "moe/max_vio/2": vios[1], "moe/max_vio": sum(vios) / 2,
+                      "moe/entropy/1": entropies[0], "moe/entropy/2": entropies[1]}
+        (run_dir / "metrics.jsonl").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    write_run(tmp_path / "runs" / "baseline" / "seed0", "baseline", 0, 2.1)
+    compare.main([str(tmp_path / "runs")])
+    out = capsys.readouterr().out
+    routing = table_rows(out[out.index("| variant | MaxVio"):])
+    assert list(routing) == ["moe"]  # the dense baseline routes nothing
+    max_vio, entropy = mean_pm_std(routing["moe"]["MaxVio"]), mean_pm_std(routing["moe"]["router entropy / ln E"])
+    assert max_vio == pytest.approx((np.mean([0.3, 0.2]), np.std([0.3, 0.2], ddof=1)), abs=1e-4)
+    assert entropy == pytest.approx((np.mean([0.8, 0.7]), np.std([0.8, 0.7], ddof=1)), abs=1e-4)

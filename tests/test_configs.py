@@ -54,6 +54,20 @@ def test_modern_tiny_is_llama_tiny_with_what_came_after_at_its_own_learning_rate
         ["+experiment=quick"]).train.lr
 
 
+def test_deepseek_tiny_is_llama_tiny_with_the_studys_mla_at_its_parameters_and_an_mqa_sized_cache():
+    """MLA in the study's winning shape (a latent and RoPE key the size of MQA's cache, half a head of RoPE), d_ff
+    giving back what MLA adds, at twice llama_tiny's peak lr (the study's ratio for MLA)."""
+    llama, deepseek = (compose_config([f"model={preset}"]) for preset in ("llama_tiny", "deepseek_tiny"))
+    differing = {key for key in llama.model if llama.model[key] != deepseek.model[key]}
+    assert differing == {"name", "attention", "n_kv_heads", "kv_rank", "rope_head_dim", "d_ff"}
+    models = {name: Transformer(model_config(cfg)) for name, cfg in (("llama", llama), ("deepseek", deepseek))}
+    assert models["deepseek"].cfg.attention == "mla" and models["deepseek"].cfg.rope_dim == 32 // 2
+    assert abs(models["deepseek"].num_params() - models["llama"].num_params()) < 1e-3 * models["llama"].num_params()
+    mqa = Transformer(model_config(compose_config(["attention=mqa"])))
+    assert models["deepseek"].kv_cache_bytes_per_token() == mqa.kv_cache_bytes_per_token()  # 4 layers x 64 x fp32
+    assert (deepseek.train.lr, deepseek.train.min_lr) == (2 * llama.train.lr, 2 * llama.train.min_lr)
+
+
 @pytest.mark.parametrize("preset, override, expected", [
     ("llama_tiny", "norm=layernorm", MODERN | {"norm": "layernorm"}),
     ("transformer2017_tiny", "position=rope", CLASSIC | {"position": "rope"}),

@@ -21,7 +21,7 @@ from model import ModelConfig, Transformer
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
 from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import save_checkpoint
-from weights import far_from_init
+from weights import far_from_init, ffn_settings
 
 REPO = Path(__file__).resolve().parents[1]
 KV_HEADS = (4, 2, 1)  # of n_heads = 4: one K/V head per query head, two groups, one shared head
@@ -34,7 +34,7 @@ def random_model(seed=0, norm="rmsnorm", norm_position="pre", position="rope", n
     return far_from_init(Transformer(ModelConfig(
         vocab_size=vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
         context_length=context_length, norm=norm, norm_position=norm_position, position=position, ffn=ffn,
-        qk_norm=qk_norm)), seed)
+        qk_norm=qk_norm, **ffn_settings(ffn))), seed)
 
 
 class RecordingEngine(Engine):

@@ -13,7 +13,7 @@ import sentencepiece as spm
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from data.tokenizer import TRAINER_SETTINGS
 from data_helpers import write_corpus
@@ -38,6 +38,13 @@ needs_llama_cpp = pytest.mark.skipif(
 # an MLA of 4 heads: a latent of 16, a query latent of 12, a RoPE part of 4 (two pairs), values of 6 dims beside keys
 # of 8; norm_eps 1e-6, the latents' own, since llama.cpp gives every RMSNorm the one eps
 MLA = dict(n_kv_heads=4, kv_rank=16, q_rank=12, rope_head_dim=4, v_head_dim=6, norm_eps=1e-6)
+# ffn=moe: 4 experts of 16, 2 per token, as each of llama.cpp's MoE graphs takes it: Mixtral's (its llama graph,
+# every block sparse), Qwen3-MoE's (qwen3moe, with QK-norm) and DeepSeek-V3's (deepseek2: MLA, the sigmoid router
+# with its bias, a shared expert, the first block dense)
+EXPERTS = dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=16)
+MOE = {"mixtral": EXPERTS, "qwen3_moe": EXPERTS | dict(qk_norm="rmsnorm"),
+       "deepseek_v3": EXPERTS | MLA | dict(router="sigmoid", n_shared_experts=1, dense_layers=1)}
+ROUTER_BIAS = [0.4, -0.3, 0.2, -0.1]  # the sigmoid router's, enough to change some choices
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +54,20 @@ def exported(tmp_path_factory, tokenizer_file):
     fails."""
     root, made = tmp_path_factory.mktemp("gguf"), {}
 
-    def export(tie: bool, dtype: str = "f32", qk_norm: str = "none", mla: bool = False) -> tuple[Transformer, Path]:
-        d = root / f"tie_{tie}-qk_norm_{qk_norm}-mla_{mla}"
-        if (tie, qk_norm, mla) not in made:
-            cfg = llama_cfg(tie_embeddings=tie, qk_norm=qk_norm, **(MLA if mla else {}))
-            made[tie, qk_norm, mla] = far_from_init(Transformer(cfg))
-            save_checkpoint(d / "ckpt", made[tie, qk_norm, mla], tokenizer_file)
+    def export(tie: bool, dtype: str = "f32", qk_norm: str = "none", mla: bool = False,
+               moe: str | None = None) -> tuple[Transformer, Path]:
+        d = root / f"tie_{tie}-qk_norm_{qk_norm}-mla_{mla}-moe_{moe}"
+        if (tie, qk_norm, mla, moe) not in made:
+            cfg = llama_cfg(**dict(tie_embeddings=tie, qk_norm=qk_norm) | (MLA if mla else {}) | MOE.get(moe, {}))
+            model = made[tie, qk_norm, mla, moe] = far_from_init(Transformer(cfg))
+            with torch.no_grad():
+                for layer in model.moe_layers().values():
+                    layer.bias.copy_(torch.tensor(ROUTER_BIAS if cfg.router == "sigmoid" else [0.0] * 4))
+            save_checkpoint(d / "ckpt", model, tokenizer_file)
         out = d / f"model-{dtype}.gguf"
         if not out.exists():
             assert run_export("--ckpt", d / "ckpt", "--format", "gguf", "--dtype", dtype, "--out", out) == 0
-        return made[tie, qk_norm, mla], out
+        return made[tie, qk_norm, mla, moe], out
     return export
 
 
@@ -127,6 +138,54 @@ def test_mla_round_trips_as_deepseek2_with_the_latent_as_one_kv_head(exported):
     # the RoPE rows in adjacent pairs: kv_a_mqa's last 4 rows are ours [0, 2, 1, 3]
     kv_down = attn.kv_down.weight.detach()
     assert np.array_equal(found["blk.1.attn_kv_a_mqa.weight"].data, kv_down[[*range(16), 16, 18, 17, 19]].numpy())
+
+
+@pytest.mark.parametrize("moe", MOE)
+def test_moe_round_trips_through_the_gguf_reader(exported, moe):
+    """Each MoE as its llama.cpp graph reads it: E and k, each expert's width, the router (ffn_gate_inp), the experts'
+    projections stacked [E, out, in], deepseek2's dense first block, shared expert and bias (exp_probs_b)."""
+    model, path = exported(tie=False, moe=moe)
+    arch = {"mixtral": "llama", "qwen3_moe": "qwen3moe", "deepseek_v3": "deepseek2"}[moe]
+    found, keys = tensors(path), metadata(path, f"{arch}.")
+    assert (keys[f"{arch}.expert_count"], keys[f"{arch}.expert_used_count"]) == (4, 2)
+    # llama's MoE graph reads feed_forward_length as each expert's width; the others have their own key
+    width = "feed_forward_length" if arch == "llama" else "expert_feed_forward_length"
+    assert keys[f"{arch}.{width}"] == 16
+    if arch == "deepseek2":
+        assert {key: keys[f"deepseek2.{key}"] for key in (
+            "leading_dense_block_count", "expert_shared_count", "expert_gating_func", "expert_weights_norm",
+            "expert_weights_scale", "expert_group_count", "expert_group_used_count")} == {
+            "leading_dense_block_count": 1, "expert_shared_count": 1, "expert_gating_func": 2,  # sigmoid
+            "expert_weights_norm": True, "expert_weights_scale": 1.0, "expert_group_count": 1,
+            "expert_group_used_count": 1}
+        assert {"blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"} <= set(found)
+        assert found["blk.1.exp_probs_b.bias"].data.tolist() == pytest.approx(ROUTER_BIAS)
+        assert [found[f"blk.1.ffn_{p}_shexp.weight"].shape.tolist()[::-1] for p in ("gate", "up", "down")] == [
+            [16, 32], [16, 32], [32, 16]]
+    moe_block = max(model.moe_layers())
+    experts = model.blocks[moe_block].ffn
+    shapes = {f"blk.{moe_block}.{name}.weight": t.shape.tolist()[::-1] for name, t in (
+        (name, found[f"blk.{moe_block}.{name}.weight"]) for name in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps",
+                                                                    "ffn_down_exps"))}
+    assert list(shapes.values()) == [[4, 32], [4, 16, 32], [4, 16, 32], [4, 32, 16]]
+    w_in = experts.experts_in.weight.detach().view(4, 2, 16, 32)
+    w_out = experts.experts_out.weight.detach().view(4, 16, 32)
+    assert np.array_equal(found[f"blk.{moe_block}.ffn_gate_exps.weight"].data, w_in[:, 0].numpy())
+    assert np.array_equal(found[f"blk.{moe_block}.ffn_up_exps.weight"].data, w_in[:, 1].numpy())
+    assert np.array_equal(found[f"blk.{moe_block}.ffn_down_exps.weight"].data, w_out.transpose(1, 2).numpy())
+    assert np.array_equal(found[f"blk.{moe_block}.ffn_gate_inp.weight"].data, experts.router.weight.detach().numpy())
+
+
+@pytest.mark.parametrize("switches, message", [
+    (MOE["qwen3_moe"] | dict(dense_layers=1), "model.dense_layers=1 has no llama.cpp qwen3moe equivalent: its graph "
+                                              "has experts in every block"),
+    (MOE["deepseek_v3"] | dict(n_shared_experts=0), "model.n_shared_experts=0 has no llama.cpp deepseek2 equivalent"),
+])
+def test_an_moe_a_llama_cpp_graph_cannot_run_is_refused(tmp_path, tokenizer_file, capsys, switches, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "m.gguf") == 2
+    assert one_error_line(capsys).startswith(f"error: {message}")
+    assert not (tmp_path / "m.gguf").exists()
 
 
 def test_mla_without_a_query_latent_is_refused_where_llama_cpp_cannot_read_it(tmp_path, tokenizer_file, capsys):
@@ -217,15 +276,20 @@ def test_q8_0_keeps_a_matrix_whose_rows_are_not_whole_blocks_f16_with_a_note(tmp
     assert "rows of 48 are not whole Q8_0 blocks of 32" in notes[0]
 
 
-@pytest.mark.parametrize("tie, qk_norm, class_name", [(True, "none", "LlamaForCausalLM"),
-                                                      (False, "none", "LlamaForCausalLM"),
-                                                      (True, "rmsnorm", "Qwen3ForCausalLM")])
-def test_transformers_reads_the_file_with_equal_logits(exported, tie, qk_norm, class_name):
-    model, path = exported(tie=tie, qk_norm=qk_norm)
+@pytest.mark.parametrize("tie, qk_norm, moe, class_name", [(True, "none", None, "LlamaForCausalLM"),
+                                                           (False, "none", None, "LlamaForCausalLM"),
+                                                           (True, "rmsnorm", None, "Qwen3ForCausalLM"),
+                                                           (False, "none", "qwen3_moe", "Qwen3MoeForCausalLM")])
+def test_transformers_reads_the_file_with_equal_logits(exported, tie, qk_norm, moe, class_name):
+    model, path = exported(tie=tie, qk_norm=qk_norm, moe=moe)
+    qk_norm = model.cfg.qk_norm
     # transformers 5.24 reads no head dim from a qwen3 file (neither rope.dimension_count nor attention.key_length)
     # and takes Qwen3Config's 128; llama.cpp derives embedding_length / head_count, 8 here, so it is passed as that
-    head_dim = {"head_dim": model.cfg.head_dim} if qk_norm == "rmsnorm" else {}
-    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **head_dim).eval()
+    # and its qwen3_moe mapping reads no expert_feed_forward_length: Qwen3MoeConfig's 768 unless given
+    given = {"Qwen3ForCausalLM": {"head_dim": model.cfg.head_dim},
+             "Qwen3MoeForCausalLM": {"moe_intermediate_size": model.cfg.expert_d_ff}}.get(class_name, {})
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, **given)
+    theirs = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, config=config).eval()
     assert type(theirs).__name__ == class_name and theirs.config.tie_word_embeddings == tie
     tokens = torch.randint(VOCAB, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -316,10 +380,11 @@ def test_bad_flags_get_one_line_and_write_nothing(tmp_path, tokenizer_file, caps
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("tie, qk_norm, mla", [(True, "none", False), (False, "none", False), (True, "rmsnorm", False),
-                                            (False, "none", True)])
-def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm, mla):
-    model, path = exported(tie=tie, qk_norm=qk_norm, mla=mla)
+@pytest.mark.parametrize("tie, qk_norm, mla, moe", [(True, "none", False, None), (False, "none", False, None),
+                                                 (True, "rmsnorm", False, None), (False, "none", True, None),
+                                                 *((False, "none", False, moe) for moe in MOE)])
+def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm, mla, moe):
+    model, path = exported(tie=tie, qk_norm=qk_norm, mla=mla, moe=moe)
     # a float32 KV cache: llama.cpp's default f16 one rounds every cached k and v to 11 bits
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)

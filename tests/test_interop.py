@@ -31,11 +31,11 @@ from weights import far_from_init
 TRANSFORMERS_CLASSES = {"none": (LlamaConfig, LlamaForCausalLM), "rmsnorm": (Qwen3Config, Qwen3ForCausalLM)}
 
 
-def hf_model(tie: bool, qk_norm: str = "none") -> PreTrainedModel:
+def hf_model(tie: bool, qk_norm: str = "none", intermediate_size: int = 96) -> PreTrainedModel:
     """A transformers LLaMA (or Qwen3) of llama_cfg's sizes, far from init: its q/k norm gains too."""
     config_class, model_class = TRANSFORMERS_CLASSES[qk_norm]
     return far_from_init(model_class(config_class(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=intermediate_size, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-4,
         rope_parameters={"rope_type": "default", "rope_theta": 500.0}, tie_word_embeddings=tie,
         bos_token_id=1, eos_token_id=2)))
@@ -218,17 +218,20 @@ def test_export_refuses_vocab_mismatch(tmp_path, tokenizer_file, capsys):
 
 # --- import: transformers -> this repo ---------------------------------------------------------
 
-@pytest.mark.parametrize("tie, shard, qk_norm", [(True, False, "none"), (False, False, "none"), (False, True, "none"),
-                                                 (False, False, "rmsnorm")])
+# 96 is the rule's SwiGLU width at d 32 (8/3 d up to 32s); 40 is narrower than the rule builds: model.d_ff takes it
+@pytest.mark.parametrize("tie, shard, qk_norm, ffn_width", [
+    (True, False, "none", 96), (False, False, "none", 96), (False, True, "none", 96), (False, False, "rmsnorm", 96),
+    (False, False, "none", 40)])
 def test_import_transformers_dir_with_equal_logits_and_greedy_text(tmp_path, tokenizer_file, tok, capsys, tie, shard,
-                                                                   qk_norm):
-    theirs = hf_model(tie, qk_norm)
+                                                                   qk_norm, ffn_width):
+    theirs = hf_model(tie, qk_norm, ffn_width)
     theirs.save_pretrained(tmp_path / "hf", max_shard_size="40KB" if shard else "1GB")
     assert (tmp_path / "hf" / "model.safetensors.index.json").is_file() == shard
     shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
     ours, hf_dir = load_model(tmp_path / "hf")
     assert hf_dir == tmp_path / "hf" and (ours.cfg.tie_embeddings, ours.cfg.qk_norm) == (tie, qk_norm)
-    assert (ours.cfg.n_kv_heads, ours.cfg.d_ff, ours.cfg.rope_base, ours.cfg.norm_eps) == (2, 96, 500.0, 1e-4)
+    assert (ours.cfg.n_kv_heads, ours.cfg.ffn_width, ours.cfg.rope_base, ours.cfg.norm_eps) == (2, ffn_width, 500.0,
+                                                                                         1e-4)
     assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys)
 
 
@@ -261,7 +264,7 @@ def write_hf_dir(d: Path, config: dict, tokenizer_file: Path | None) -> Path:
     ("rope_parameters", {"rope_type": "llama3", "factor": 2.0, "rope_theta": 500.0}, "rope_type='llama3'"),
     ("rope_parameters", {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0, "beta_fast": 16},
      "rope_parameters.beta_fast=16 is not supported for rope_type='yarn'"),
-    ("head_dim", 16, "head_dim=16"), ("intermediate_size", 64, "intermediate_size=64"),
+    ("head_dim", 16, "head_dim=16"),
     ("vocab_size", VOCAB + 20, f"vocab_size={VOCAB + 20} but its tokenizer")])
 def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_config_json, key, value, named):
     d = write_hf_dir(tmp_path / "hf", hf_config_json | {key: value}, tokenizer_file)
@@ -347,8 +350,8 @@ def test_mla_exports_to_deepseek_v3_with_equal_logits_and_greedy_text_and_back(t
     assert (reloaded.cfg.attention, reloaded.cfg.q_rank, reloaded.cfg.value_dim) == ("mla", q_rank, 6)
 
 
-def hf_deepseek(rope_interleave: bool, first_k_dense_replace: int = 2) -> DeepseekV3ForCausalLM:
-    return far_from_init(DeepseekV3ForCausalLM(DeepseekV3Config(
+def hf_deepseek(rope_interleave: bool, first_k_dense_replace: int = 2, **settings) -> DeepseekV3ForCausalLM:
+    return far_from_init(DeepseekV3ForCausalLM(DeepseekV3Config(**settings,
         vocab_size=VOCAB, hidden_size=32, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=12, qk_rope_head_dim=4,
         qk_nope_head_dim=8, v_head_dim=6, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
@@ -370,10 +373,88 @@ def test_import_deepseek_v3_dir_with_equal_logits_and_greedy_text(tmp_path, toke
     assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys, MLA_FLOAT64_STEPS)
 
 
-def test_import_refuses_deepseek_v3s_moe_layers(tmp_path, tokenizer_file):
+# --- mixture of experts (model/moe.py): Mixtral, Qwen3-MoE, DeepseekV3 -------------------------------------
+
+def moe_cfg(**settings):
+    """llama_cfg's model with 4 experts of 12, 2 per token."""
+    return llama_cfg(**dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12) | settings)
+
+
+# transformers' routers compute in float32 whatever the model's dtype (softmax(dtype=float), DeepseekV3's linear
+# in float32), so each gate is rounded to float32 there and not here. Measured on these models in float64, as a
+# fraction of the largest logit: Mixtral 1.27e-6 (1.35e-5 of 10.6), Qwen3-MoE 3.0e-7, DeepseekV3 7.5e-7 (export)
+# and 9.4e-7 (import), all under 2^-19; the bound leaves 3x. A dropped or swapped expert moves logits by O(1).
+MOE_FLOAT64_STEPS = 2 ** -18
+MOE_FAMILIES = {  # the switches that make each family, and the class transformers builds for it
+    "mixtral": (dict(), "MixtralForCausalLM"),
+    "qwen3_moe": (dict(qk_norm="rmsnorm", dense_layers=1), "Qwen3MoeForCausalLM"),
+    "deepseek_v3": (dict(n_kv_heads=4, kv_rank=16, rope_head_dim=4, router="sigmoid", n_shared_experts=1,
+                         dense_layers=1, router_bias_rate=1e-3), "DeepseekV3ForCausalLM")}
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_moe_exports_to_its_family_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
+                                                                             capsys, family):
+    """The softmax router to Mixtral (LLaMA's attention) or Qwen3-MoE (QK-norm; its first block dense), the sigmoid
+    router with a shared expert and its balancing bias to DeepseekV3 (MLA): the same logits and greedy text, and
+    the exported directory loads back as the same model."""
+    switches, class_name = MOE_FAMILIES[family]
+    model = far_from_init(Transformer(moe_cfg(**switches)))
+    with torch.no_grad():  # a bias that moves choices: DeepseekV3's e_score_correction_bias must carry it
+        for moe in model.moe_layers().values():
+            moe.bias.copy_(torch.tensor([0.4, -0.3, 0.2, -0.1]) if family == "deepseek_v3" else torch.zeros(4))
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    # transformers' eager loop over the experts: its grouped_mm, the CPU default, has no float64 kernel
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
+    assert type(theirs).__name__ == class_name
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, MOE_FLOAT64_STEPS)
+    reloaded, _ = load_model(tmp_path / "hf")
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens), model(tokens))
+    assert (reloaded.cfg.ffn, reloaded.cfg.router, reloaded.cfg.dense_layers, reloaded.cfg.n_shared_experts) == (
+        "moe", model.cfg.router, model.cfg.dense_layers, model.cfg.n_shared_experts)
+
+
+@pytest.mark.parametrize("switches, message", [
+    (dict(router="sigmoid"), "no transformers equivalent for model.router=sigmoid with model.attention=gqa: the "
+                             "sigmoid router's family, DeepseekV3, has multi-head latent attention"),
+    (dict(n_shared_experts=1), "no transformers Mixtral equivalent for model.n_shared_experts=1"),
+    (dict(router_bias_rate=1e-3), "no transformers Mixtral equivalent for model.router_bias_rate=0.001"),
+    (dict(dense_layers=1), "no transformers Mixtral equivalent for model.dense_layers=1"),
+    (dict(experts_per_token=1), "model.experts_per_token=1 has no transformers Mixtral equivalent"),
+    (dict(qk_norm="rmsnorm", n_shared_experts=1), "no transformers Qwen3-MoE equivalent for model.n_shared_experts=1"),
+    (dict(n_kv_heads=4, kv_rank=16, rope_head_dim=4), "no transformers DeepseekV3 equivalent for model.router=softmax"),
+])
+def test_moe_export_refuses_a_router_or_expert_its_family_lacks(tmp_path, tokenizer_file, capsys, switches, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(moe_cfg(**switches)), tokenizer_file)
+    for fmt in ("transformers", "gguf"):
+        out = tmp_path / f"out.{fmt}"
+        assert run_export("--ckpt", tmp_path / "ckpt", "--format", fmt, "--out", out) == 2
+        assert one_error_line(capsys).startswith(f"error: {message}".replace("transformers", {
+            "transformers": "transformers", "gguf": "llama.cpp"}[fmt]))
+        assert not out.exists()
+
+
+def test_import_deepseek_v3_with_moe_layers(tmp_path, tokenizer_file, tok, capsys):
+    """DeepseekV3's sigmoid router with its e_score_correction_bias, its shared experts and first dense block."""
+    theirs = hf_deepseek(rope_interleave=True, first_k_dense_replace=1, routed_scaling_factor=1.0).eval()
+    theirs.set_experts_implementation("eager")  # its grouped_mm, the CPU default, has no float64 kernel
+    with torch.no_grad():
+        theirs.model.layers[1].mlp.gate.e_score_correction_bias.copy_(torch.tensor([0.4, -0.3, 0.2, -0.1]))
+    theirs.save_pretrained(tmp_path / "hf")
+    shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
+    ours, _ = load_model(tmp_path / "hf")
+    assert (ours.cfg.ffn, ours.cfg.router, ours.cfg.n_experts, ours.cfg.dense_layers, ours.cfg.n_shared_experts) == (
+        "moe", "sigmoid", 4, 1, 1)
+    assert ours.blocks[1].ffn.bias.tolist() == pytest.approx([0.4, -0.3, 0.2, -0.1])
+    assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys, MOE_FLOAT64_STEPS)
+
+
+def test_import_refuses_deepseek_v3s_rescaled_gates(tmp_path, tokenizer_file):
     hf_deepseek(rope_interleave=True, first_k_dense_replace=1).save_pretrained(tmp_path / "hf")
     shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
-    with pytest.raises(CheckpointError, match=re.escape("first_k_dense_replace=1 is not supported: layers 1 to 1 are "
-                                                        "mixture-of-experts layers")) as error:
+    with pytest.raises(CheckpointError, match=re.escape("routed_scaling_factor=2.5 is not supported")) as error:
         load_model(tmp_path / "hf")
     assert "\n" not in str(error.value)

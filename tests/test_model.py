@@ -19,7 +19,7 @@ from model.ffn import FeedForward
 from model.norms import RMSNorm, RMSNormFunction, make_norm
 from model.positions import Rotary
 from training.evaluate import next_token_loss
-from weights import far_from_init
+from weights import far_from_init, ffn_settings
 
 KV_HEADS = (4, 2, 1)  # of n_heads = 4: one K/V head per query head (MHA), two groups (GQA), one shared head (MQA)
 COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS, QK_NORMS))
@@ -28,7 +28,7 @@ COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS
 def tiny_model(norm, norm_position, position, n_kv_heads, ffn, qk_norm="none") -> Transformer:
     return Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads,
                                    context_length=16, norm=norm, norm_position=norm_position, position=position,
-                                   ffn=ffn, qk_norm=qk_norm))
+                                   ffn=ffn, qk_norm=qk_norm, **ffn_settings(ffn)))
 
 
 # --- the chapter's worked numbers ---------------------------------------------------------
@@ -79,7 +79,7 @@ def test_relu2_worked_example():
         ffn.w_out.weight.copy_(torch.tensor([[1.2, 3.0]]))  # W2
     # ReLU(1.5)^2 = 2.25 and ReLU(-0.5)^2 = 0;  2.25 * 1.2 + 0 * 3.0 = 2.7; at x = -1 the other unit: 0.25 * 3 = 0.75
     assert ffn(torch.tensor([[1.0], [-1.0]])).flatten().tolist() == approx([2.7, 0.75], abs=1e-6)
-    assert ModelConfig(vocab_size=8, ffn="relu2").d_ff == 4 * 128  # ungated, as ReLU
+    assert ModelConfig(vocab_size=8, ffn="relu2").ffn_width == 4 * 128  # ungated, as ReLU
 
 
 def test_rmsnorm_backward_equals_finite_differences_and_autograd():
@@ -113,7 +113,7 @@ def test_rmsnorm_backward_equals_finite_differences_and_autograd():
 def test_swiglu_at_8_3_d_has_the_parameters_of_relu_at_4_d(d_model):
     def ffn_params(kind):
         cfg = ModelConfig(vocab_size=8, d_model=d_model, n_heads=8, ffn=kind, ffn_multiple_of=32)
-        return sum(p.numel() for p in FeedForward(d_model, cfg.d_ff, kind, bias=False).parameters())
+        return sum(p.numel() for p in FeedForward(d_model, cfg.ffn_width, kind, bias=False).parameters())
 
     relu, swiglu = ffn_params("relu"), ffn_params("swiglu")
     assert relu == 8 * d_model ** 2
@@ -121,6 +121,17 @@ def test_swiglu_at_8_3_d_has_the_parameters_of_relu_at_4_d(d_model):
     assert 0 <= swiglu - relu < 3 * d_model * 32
     if 8 * d_model % (3 * 32) == 0:  # 8/3 d is already a multiple: no rounding at all
         assert swiglu == relu
+
+
+def test_model_d_ff_sets_the_width_of_every_ffn_and_null_keeps_the_rule():
+    for ffn, rule in (("swiglu", 352), ("relu", 512), ("relu2", 512)):
+        assert ModelConfig(vocab_size=8, ffn=ffn).ffn_width == rule
+        cfg = ModelConfig(vocab_size=8, ffn=ffn, d_ff=293)
+        w_in, w_out = Transformer(cfg).blocks[0].ffn.w_in, Transformer(cfg).blocks[0].ffn.w_out
+        assert w_in.weight.shape == ((2 if ffn == "swiglu" else 1) * 293, 128) and w_out.weight.shape == (128, 293)
+    for bad in (0, -4, 2.5, True):
+        with pytest.raises(ConfigError, match=rf"^model.d_ff={bad!r} must be a positive integer, or null"):
+            ModelConfig(vocab_size=8, d_ff=bad)
 
 
 # --- components against references and invariants -----------------------------------------
@@ -188,7 +199,7 @@ def test_causal_for_every_combination():
 
 
 def test_every_combination_runs_forward_and_backward():
-    assert len(COMBINATIONS) == 2 * 2 * 4 * 3 * 4 * 2
+    assert len(COMBINATIONS) == 2 * 2 * 4 * 3 * 5 * 2
     torch.manual_seed(0)
     tokens = torch.randint(0, 64, (2, 9))
     for combination in COMBINATIONS:

@@ -309,6 +309,7 @@ def test_a_corpus_that_cannot_be_read_is_a_read_error_naming_data_path(tiny, wor
     ("train.seed=-1", "train.seed=-1 must be an integer >= 0"),
     ("train.betas=[2,3]", "train.betas=[2.0, 3.0] must be two numbers in [0, 1)"),
     ("model.context_length=1", "model.context_length=1 must be >= 2"),
+    ("model.d_ff=0", "model.d_ff=0 must be a positive integer, or null for the FFN's rule"),
     ("train.micro_batch_size=3", "train.batch_size=8 must be a multiple of 1 processes x train.micro_batch_size=3; "
                                  "set train.micro_batch_size to one of 1, 2, 4, 8, or null to choose"),
     ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mla mqa"),

@@ -19,7 +19,7 @@ import report
 from data.tokenizer import train_tokenizer
 from data_helpers import run_train, tiny_run, write_corpus
 from model.kv_cache import kv_cache_bytes
-from insight.attention import cache_by_kv_heads, kv_wiring, layer_qk, logit_scale, qk_norm_bypassed
+from insight.attention import attention_inputs, attention_maps, cache_by_kv_heads, kv_wiring, layer_qk, logit_scale, qk_norm_bypassed
 from insight.blocks import HISTOGRAM_BINS, NEAR_ZERO, ffn_activations
 from insight.decode import decode_times
 from insight.positions import shift_check
@@ -202,6 +202,27 @@ def test_every_head_of_mla_reads_its_one_latent_and_the_table_gets_its_row():
         ("MLA (12 + 4)", 1, True, (12 + 4) * 16 * 4)]  # fp32, 1 layer, 16 positions
 
 
+def test_mlas_attention_maps_are_the_weights_its_queries_give_the_cached_latents():
+    """The page's maps of an MLA model (insight.attention.attention_maps, through each block's naive heads) are
+    the weights that its decode computes through the latent, in float64: softmax over the cached [c_kv, k_R] of
+    [q_C W_uk,h, q_R] / sqrt(D + d_R), no per-head key made."""
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4, context_length=16, kv_rank=12,
+                      rope_head_dim=4)
+    torch.manual_seed(0)
+    model, tokens = far_from_init(Transformer(cfg)).double(), torch.randint(64, (1, 10))
+    maps = attention_maps(model, tokens)["weights"]
+    for layer, (block, (x, start)) in enumerate(zip(model.blocks, attention_inputs(model, tokens))):
+        attn = block.attn
+        with torch.no_grad():
+            q, latent = attn.project(x, start)  # latent: [1, 1, T, d_c + d_R], what the cache holds
+            q_c, q_r = q.split([attn.head_dim, attn.rope_dim], dim=-1)
+            q_latent = torch.cat([q_c @ attn.k_up.weight.view(4, attn.head_dim, 12), q_r], dim=-1)
+            # attention_weights divides by sqrt(q's width), d_c + d_R = 16 here; MLA's is sqrt(D + d_R) = sqrt(12)
+            through_latent = attention_weights(q_latent * math.sqrt((12 + 4) / (8 + 4)), latent)[0]
+        torch.testing.assert_close(torch.tensor(maps[layer], dtype=torch.float64), through_latent,
+                                   rtol=0, atol=1e-12)
+
+
 def test_relu_zeroes_about_half_its_units_and_silu_none():
     torch.manual_seed(0)
     tokens = torch.randint(64, (1, 12))
@@ -318,7 +339,7 @@ def decode_work(cfg: ModelConfig, position: int, cached: bool) -> int:
     """Multiply-adds of the step that feeds position t: per token and layer the q, k, v, output and FFN matmuls,
     the attention's q.k and weights.v over the t + 1 keys each query sees, and the LM head for the last token."""
     per_token = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.d_model ** 2 \
-        + 3 * cfg.d_model * cfg.d_ff
+        + 3 * cfg.d_model * cfg.ffn_width
     queries = [position] if cached else range(position + 1)
     attention = sum(2 * cfg.n_heads * cfg.head_dim * (t + 1) for t in queries)
     return cfg.n_layers * (len(queries) * per_token + attention) + cfg.d_model * cfg.vocab_size
@@ -410,6 +431,43 @@ def test_the_qk_norm_section_reads_the_val_windows_and_stays_within_the_bound(se
         ["position=rope, qk_norm=rmsnorm, ffn=relu2", "rmsnorm", 0, f"val split, {len(windows)} windows of 32 tokens"]]
     assert [row[5:] for row in rows] == [[None, None], [None, None], [modern["bypassed"][0], modern["bound"][0]]]
     assert [c["ffn"]["kind"] for c in numbers["checkpoints"]] == ["swiglu", "swiglu", "relu2"]
+
+
+def test_the_experts_section_reads_each_routers_choices_on_the_val_windows(rope_run, tmp_path):
+    """Section 9 for an MoE checkpoint (a copy of rope/, so the run's val split, with 4 experts, 2 per token, far from
+    init): the loads, MaxVio and each expert's most frequent tokens against the router's choices computed here, the
+    heatmap, the table, and section 6's panel of the experts' gates."""
+    shutil.copytree(rope_run, tmp_path / "moe")
+    model, ckpt_dir = load_checkpoint(rope_run)
+    torch.manual_seed(0)
+    moe = far_from_init(Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {
+        "ffn": "moe", "n_experts": 4, "experts_per_token": 2})))
+    save_checkpoint(tmp_path / "moe" / "ckpt", moe, ckpt_dir / "tokenizer.model")
+    assert report.main(["--ckpt", str(tmp_path / "moe"), "--prompt", PROMPT, "--out", str(tmp_path / "out")]) == 0
+    numbers = json.loads((tmp_path / "out" / "report.json").read_text())
+    [ckpt] = numbers["checkpoints"]
+    routing, windows = ckpt["experts"], report_windows(run_val_split(rope_run / "ckpt")[0], 32)
+    assert (routing["source"], routing["tokens"], routing["n_experts"], routing["k"]) == ("val", windows.numel(), 4, 2)
+    inputs = []
+    hook = moe.blocks[0].ffn.register_forward_hook(lambda _m, args, _out: inputs.append(args[0].reshape(-1, 32)))
+    with torch.no_grad():
+        moe(windows)
+    hook.remove()
+    chosen = moe.blocks[0].ffn.router(inputs[0]).softmax(-1).topk(2).indices  # [N, 2], no bias: the softmax router
+    [block] = routing["blocks"]
+    loads = [(chosen == e).sum().item() / chosen.numel() for e in range(4)]
+    assert block["load"] == pytest.approx(loads) and block["max_vio"] == pytest.approx(max(loads) * 4 - 1)
+    ids = windows.flatten()
+    occurrences = ids.bincount(minlength=300)
+    for e, top in enumerate(block["top_tokens"]):
+        counts = ids[(chosen == e).any(-1)].bincount(minlength=300)  # the tokens whose 2 choices include e
+        assert [t["count"] for t in top] == counts[counts > 0].sort(descending=True).values[:5].tolist()
+        shares = sorted(counts[t] / occurrences[t] for t in range(300) if counts[t] in [x["count"] for x in top])
+        assert all(any(abs(t["share"] - share) < 1e-12 for share in shares) for t in top)
+    page = (tmp_path / "out" / "index.html").read_text()
+    body = page.split('<section id="experts">')[1].split("</section>")[0]
+    assert "<img" in body and body.count("<tr>") == 1 + 4  # the header and an expert a row
+    assert (tmp_path / "out" / "experts.png").is_file() and ckpt["ffn"]["kind"] == "moe"
 
 
 @pytest.mark.parametrize("case,message", [

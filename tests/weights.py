@@ -15,3 +15,9 @@ def far_from_init(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
             noise = torch.randn(p.shape, generator=generator)
             p.copy_(1 + 0.3 * noise if p.ndim == 1 else 2 / p.shape[-1] ** 0.5 * noise)
     return model.eval()
+
+
+def ffn_settings(ffn: str) -> dict:
+    """The ModelConfig settings a tiny test model needs beside model.ffn: ffn=moe's 4 experts, 2 per token (the
+    experts' width follows the dense d_ff, model/moe.py); none for a dense FFN."""
+    return {"n_experts": 4, "experts_per_token": 2} if ffn == "moe" else {}

@@ -104,6 +104,13 @@ def lost_process_line(ddp: Distributed, err: Exception, step: int, run_dir) -> s
             f"(torchrun --max-restarts=N does that by itself)")
 
 
+def summed_over_processes(ddp: Distributed, values: torch.Tensor) -> torch.Tensor:
+    """values summed over the processes, in place: the same on every one (each MoE block's expert choices)."""
+    if ddp.world_size > 1:
+        dist.all_reduce(values)
+    return values
+
+
 def from_master(ddp: Distributed, values: Sequence[float]) -> Sequence[float]:
     """Rank 0's values on every process: what a time budget decides from rank 0's clock (this step's
     lr, whether it is the last) must be the same decision everywhere."""

@@ -24,14 +24,38 @@ def next_token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch
 @torch.no_grad()
 def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast: AbstractContextManager,
              bytes_per_token: float) -> dict:
-    """The metrics over every token of the batches (the last batch may be the smaller: each counts by its tokens)."""
+    """The metrics over every token of the batches (the last batch may be the smaller: each counts by its tokens),
+    and an MoE's routing over them (routing_metrics)."""
     model.eval()
+    nats, routing = 0.0, {}
     with autocast:
-        nats = sum(next_token_loss(model, x, y).item() * y.numel() for x, y in batches)
+        for x, y in batches:
+            nats += next_token_loss(model, x, y).item() * y.numel()
+            for layer, moe in model.moe_layers().items():  # each block's loads and entropy, weighted by tokens
+                load, entropy = routing.get(layer, (0, 0))
+                routing[layer] = (load + moe.last["load"] * y.numel(), entropy + moe.last["entropy"] * y.numel())
     model.train()
-    val_loss = nats / sum(y.numel() for _, y in batches)
+    tokens = sum(y.numel() for _, y in batches)
+    val_loss = nats / tokens
     val_ppl = math.exp(val_loss) if val_loss < 700 else math.inf  # exp(710) overflows a float
-    return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2) / bytes_per_token, "val_ppl": val_ppl}
+    return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2) / bytes_per_token, "val_ppl": val_ppl,
+            **routing_metrics({layer: (load / tokens, entropy / tokens) for layer, (load, entropy) in routing.items()})}
+
+
+def routing_metrics(routing: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """From each MoE block's loads f [E] (the fraction of the k choices per expert) and its router's entropy:
+        moe/load/<block>/<e>   f_e
+        moe/max_vio/<block>    max_e f_e / mean_e f_e - 1    (Wang et al. 2024's MaxVio; 0 is perfect balance)
+        moe/entropy/<block>    the router's mean entropy over tokens / ln E  (1: uniform scores, 0: one expert)
+        moe/max_vio            the mean of the blocks' MaxVio
+    """
+    metrics = {}
+    for layer, (load, entropy) in routing.items():
+        metrics |= {f"moe/load/{layer}/{e}": f for e, f in enumerate(load.tolist())}
+        metrics |= {f"moe/max_vio/{layer}": (load.max() / load.mean() - 1).item(), f"moe/entropy/{layer}": entropy.item()}
+    if routing:
+        metrics["moe/max_vio"] = sum(metrics[f"moe/max_vio/{layer}"] for layer in routing) / len(routing)
+    return metrics
 
 
 def divergence(train_loss: float, grad_norm: float, model: nn.Module) -> str | None:

@@ -1,0 +1,135 @@
+"""Mixture of experts (ffn=moe): each token's FFN is k of E small SwiGLU experts, chosen per token by a router, plus
+always-on shared experts (DeepSeekMoE). DeepSeek-V3, Qwen3-MoE, gpt-oss, OLMoE and Mixtral build their FFNs so.
+
+    x: [N, d]  (the batch's B T tokens)
+    s = x W_r                                  [N, E]   the router's scores, E = model.n_experts
+    softmax router (Mixtral, Qwen3-MoE):   p = softmax(s)
+    sigmoid router (DeepSeek-V3):          p = sigmoid(s)
+    chosen = top-k over e of (p_e + b_e)       [N, k]   k = model.experts_per_token
+    g = p_chosen / sum(p_chosen)               [N, k]   the gates: renormalised over the k chosen; with k = 1,
+                                                        g = p_chosen (Switch): renormalised it would be 1, and
+                                                        the router would learn from the balance losses alone
+    y = sum_j g_j SwiGLU_{chosen_j}(x) + SwiGLU_shared(x),   SwiGLU_e(x) = (silu(x W1_e) * (x W3_e)) W2_e
+        each expert W1_e, W3_e: [d, d_e], W2_e: [d_e, d] (d_e = model.expert_d_ff, by default the dense d_ff / k);
+        the shared experts (model.n_shared_experts of them) are one SwiGLU of n_shared d_e, their sum
+
+The router runs in float32 at least, whatever autocast computes the rest in: in bfloat16, sigmoid scores near 0.5 are 0.004
+apart, so top-k would break many exact ties by expert index (transformers' routers compute in float32 too).
+
+b: [E] is the loss-free balancing bias (Wang et al. 2024, DeepSeek-V3), a buffer: it moves which experts are
+chosen, never their gates, and after each optimizer step (update_bias) it moves by model.router_bias_rate
+towards balance, b_e += rate * sign(mean load - load_e), from that step's loads, outside the gradient.
+
+The balance losses, added to the language-model loss (Transformer.balance_loss), each logged apart:
+    aux = E * sum_e f_e P_e        f_e: the fraction of the N k choices that went to e; P_e: the mean over
+                                   tokens of p_e / sum(p) (Switch, OLMoE): 1 when both are uniform
+    z   = mean_n (logsumexp_e s_ne)^2     the router z-loss (ST-MoE): keeps the scores small
+
+Dropless: every token reaches its k experts; nothing is capped or padded. The dispatch sorts the N k choices by
+expert, runs each expert's SwiGLU on its own tokens (one matmul per weight per expert), and adds the gated
+outputs back to their tokens (index_add). The experts' weights are stacked in two nn.Linear weights, as the dense
+FFN's are (so Muon orthogonalises each matrix on its own through stacked_rows, and init, decay and export treat
+them alike): experts_in holds [W1_e^T; W3_e^T] for every e ([E 2d_e, d], nn.Linear's [out, in] rows), experts_out
+each W2_e as x W2_e reads it ([E d_e, d]). Neither is called as a layer: the dispatch multiplies each expert's rows.
+"""
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import ModelConfig
+from model.ffn import FeedForward
+
+
+class Routing(NamedTuple):
+    chosen: torch.Tensor  # [N, k] the experts each token goes to
+    gates: torch.Tensor  # [N, k] their weights
+    scores: torch.Tensor  # [N, E] s, float32 at least
+    probs: torch.Tensor  # [N, E] p
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        E, d, d_e = cfg.n_experts, cfg.d_model, cfg.expert_width
+        self.n_experts, self.k, self.expert_d_ff = E, cfg.experts_per_token, d_e
+        self.sigmoid = cfg.router == "sigmoid"
+        self.bias_rate = cfg.router_bias_rate
+        self.router = nn.Linear(d, E, bias=False)
+        self.experts_in = nn.Linear(d, E * 2 * d_e, bias=False)  # rows [W1_e^T; W3_e^T] for each e
+        self.experts_in.stacked_rows = 2 * E * [d_e]
+        self.experts_out = nn.Linear(d, E * d_e, bias=False)  # rows W2_e [d_e, d] for each e (a container, not a layer)
+        self.experts_out.stacked_rows = E * [d_e]
+        self.shared = FeedForward(d, cfg.n_shared_experts * d_e, "swiglu", bias=False) \
+            if cfg.n_shared_experts else None
+        self.register_buffer("bias", torch.zeros(E))  # loss-free balancing: saved, resumed, never trained
+        self.register_buffer("step_counts", torch.zeros(E), persistent=False)  # choices since the last update
+        self.last = {}  # the last forward's routing, detached: its loads, entropy and choices (evaluate, insight/)
+        self.terms = {}  # a forward with gradients: the balance terms its loss adds, until taken (take_terms)
+
+    def route(self, x: torch.Tensor) -> Routing:
+        """x: [N, d] -> the formula's choices and gates, in float32 at least (float64 stays float64)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(x.device.type, enabled=False):
+            scores = F.linear(x.to(dtype), self.router.weight.to(dtype))
+        probs = scores.sigmoid() if self.sigmoid else scores.softmax(dim=-1)
+        chosen = (probs + self.bias).topk(self.k, dim=-1).indices
+        gates = probs.gather(-1, chosen)
+        if self.k > 1:
+            gates = gates / gates.sum(dim=-1, keepdim=True)
+        return Routing(chosen, gates, scores, probs)
+
+    @torch.compiler.disable  # per-expert shapes that vary with the data: eager, so that compiling the rest holds
+    def experts(self, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+        """sum_j g_j SwiGLU_{chosen_j}(x), dropless: [N, d]."""
+        E, d_e = self.n_experts, self.expert_d_ff
+        flat = chosen.flatten()  # [N k], choice i is token i // k's
+        order = flat.argsort(stable=True)
+        counts = flat.bincount(minlength=E).tolist()
+        tokens = order // self.k
+        w_in = self.experts_in.weight.view(E, 2 * d_e, -1)
+        w_out = self.experts_out.weight.view(E, d_e, -1)
+        outputs = []
+        for e, x_e in enumerate(x[tokens].split(counts)):
+            gate, up = (x_e @ w_in[e].T).chunk(2, dim=-1)
+            outputs.append((F.silu(gate) * up) @ w_out[e])
+        y = (torch.cat(outputs) * gates.flatten()[order, None]).to(x.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, y)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        routing = self.route(x)
+        y = self.experts(x, routing.chosen, routing.gates)
+        if self.shared is not None:
+            y = y + self.shared(x)
+        self.record(routing)
+        return y.view(shape)
+
+    @torch.compiler.disable  # its state (the counts, the terms) is kept between forwards
+    def record(self, routing: Routing) -> None:
+        """This forward's loads, router entropy and choices; with gradients, the balance terms its loss adds; in
+        training, its choices for the bias's next update."""
+        counts = routing.chosen.flatten().bincount(minlength=self.n_experts).to(routing.probs.dtype)  # exact
+        load = counts / counts.sum()  # f_e
+        shares = routing.probs / routing.probs.sum(dim=-1, keepdim=True)  # p_e / sum(p): softmax's p itself
+        entropy = -(shares * shares.clamp_min(1e-30).log()).sum(dim=-1).mean() / math.log(self.n_experts)
+        self.last = {"load": load, "entropy": entropy.detach(), "chosen": routing.chosen}
+        if torch.is_grad_enabled():
+            self.terms = {"aux": self.n_experts * (load * shares.mean(dim=0)).sum(),  # E sum_e f_e P_e
+                          "z": routing.scores.logsumexp(dim=-1).square().mean()}
+        if self.training:
+            self.step_counts += counts.to(self.step_counts.dtype)
+
+    def take_terms(self) -> dict[str, torch.Tensor]:
+        """The last forward's balance terms, once: a step's loss takes them, and nothing keeps its graph after."""
+        terms, self.terms = self.terms, {}
+        return terms
+
+    @torch.no_grad()
+    def update_bias(self, counts: torch.Tensor) -> None:
+        """After an optimizer step, from that step's choices per expert (every process's, summed): the
+        underloaded experts' bias rises by the rate, the overloaded ones' falls."""
+        self.bias += self.bias_rate * torch.sign(counts.mean() - counts).to(self.bias.dtype)
