@@ -26,8 +26,8 @@ The balance losses, added to the language-model loss (Transformer.balance_loss),
     z   = mean_n (logsumexp_e s_ne)^2     the router z-loss (ST-MoE): keeps the scores small
 
 Dropless: every token reaches its k experts; nothing is capped or padded. The dispatch sorts the N k choices by
-expert, runs each expert's SwiGLU on its own tokens (one matmul per weight per expert), and adds the gated
-outputs back to their tokens (index_add). The experts' weights are stacked in two nn.Linear weights, as the dense
+expert, runs each expert's SwiGLU on its own tokens (torch's grouped GEMM on a CPU, one matmul per weight per
+expert elsewhere and in float64), and adds the gated outputs back to their tokens (index_add). The experts' weights are stacked in two nn.Linear weights, as the dense
 FFN's are (so Muon orthogonalises each matrix on its own through stacked_rows, and init, decay and export treat
 them alike): experts_in holds [W1_e^T; W3_e^T] for every e ([E 2d_e, d], nn.Linear's [out, in] rows), experts_out
 each W2_e as x W2_e reads it ([E d_e, d]). Neither is called as a layer: the dispatch multiplies each expert's rows.
@@ -83,19 +83,29 @@ class MoE(nn.Module):
 
     @torch.compiler.disable  # per-expert shapes that vary with the data: eager, so that compiling the rest holds
     def experts(self, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-        """sum_j g_j SwiGLU_{chosen_j}(x), dropless: [N, d]."""
+        """sum_j g_j SwiGLU_{chosen_j}(x), dropless: [N, d]. The N k choices sorted by expert, each expert's
+        SwiGLU on its rows, the gated outputs added back to their tokens. The rows go through torch's grouped GEMM
+        on a CPU (one call per weight for all the experts: 1.35x the loop there, docs/performance.md), except in
+        float64, which it has no kernel for; elsewhere (CUDA) through one matmul per expert."""
         E, d_e = self.n_experts, self.expert_d_ff
         flat = chosen.flatten()  # [N k], choice i is token i // k's
         order = flat.argsort(stable=True)
-        counts = flat.bincount(minlength=E).tolist()
+        counts = flat.bincount(minlength=E)
         tokens = order // self.k
+        rows = x[tokens]  # [N k, d], expert by expert
         w_in = self.experts_in.weight.view(E, 2 * d_e, -1)
         w_out = self.experts_out.weight.view(E, d_e, -1)
-        outputs = []
-        for e, x_e in enumerate(x[tokens].split(counts)):
-            gate, up = (x_e @ w_in[e].T).chunk(2, dim=-1)
-            outputs.append((F.silu(gate) * up) @ w_out[e])
-        y = (torch.cat(outputs) * gates.flatten()[order, None]).to(x.dtype)
+        if x.device.type == "cpu" and x.dtype != torch.float64:
+            offsets = counts.cumsum(0).to(torch.int32)  # where each expert's rows end
+            gate, up = F.grouped_mm(rows, w_in.transpose(1, 2), offs=offsets).chunk(2, dim=-1)
+            hidden = F.grouped_mm(F.silu(gate) * up, w_out, offs=offsets)
+        else:
+            hidden = []
+            for e, x_e in enumerate(rows.split(counts.tolist())):
+                gate, up = (x_e @ w_in[e].T).chunk(2, dim=-1)
+                hidden.append((F.silu(gate) * up) @ w_out[e])
+            hidden = torch.cat(hidden)
+        y = (hidden * gates.flatten()[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, y)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -6,9 +6,9 @@ One MoE block of the composed model (d 128, 8 experts of 176, 2 per token) on th
 2,048 tokens), forward and backward, in one process:
 
 1. The dispatches, on the same tokens, routing and weights, alternating every round, medians and ranges of
-   --repeats: `loop` (model/moe.py's: sort by expert, one matmul per weight per expert, index_add), `grouped_mm`
-   (the same sorted tokens through torch's grouped GEMM, F.grouped_mm, one call per weight for all experts: float32
-   and bfloat16 only), and `dense` (every expert on every token in one batched matmul, the unchosen gated by 0: E/k
+   --repeats: `loop` (sort by expert, one matmul per weight per expert, index_add: model/moe.py's off the CPU and
+   in float64), `grouped_mm` (the same sorted rows through torch's grouped GEMM, F.grouped_mm, one call per weight
+   for all the experts: model/moe.py's on a CPU), and `dense` (every expert on every token in one batched matmul, the unchosen gated by 0: E/k
    times the FLOPs, no sort). Each is checked against `loop` before timing.
 2. The block's time split into the matmuls (the experts', and the router's small one), SwiGLU's element-wise ops
    with the gates' product, routing (softmax or sigmoid, top-k, the gates' normalisation) and dispatch (sort,
@@ -42,17 +42,19 @@ ROUTING = ("aten::softmax", "aten::_softmax", "aten::sigmoid", "aten::topk", "at
            "aten::_softmax_backward_data", "aten::sigmoid_backward", "aten::sum", "aten::add")
 
 
-def grouped_mm_experts(moe: MoE, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+def loop_experts(moe: MoE, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    """model/moe.py's dispatch off the CPU and in float64: the same sorted rows, one matmul per weight per expert."""
     E, d_e = moe.n_experts, moe.expert_d_ff
     flat = chosen.flatten()
     order = flat.argsort(stable=True)
-    offsets = flat.bincount(minlength=E).cumsum(0).to(torch.int32)
     tokens = order // moe.k
-    w_in = moe.experts_in.weight.view(E, 2 * d_e, -1).transpose(1, 2)  # [E, d, 2 d_e]
-    w_out = moe.experts_out.weight.view(E, d_e, -1)  # [E, d_e, d]
-    gate, up = F.grouped_mm(x[tokens], w_in, offs=offsets).chunk(2, dim=-1)
-    y = F.grouped_mm(F.silu(gate) * up, w_out, offs=offsets) * gates.flatten()[order, None]
-    return torch.zeros_like(x).index_add_(0, tokens, y)
+    w_in = moe.experts_in.weight.view(E, 2 * d_e, -1)
+    w_out = moe.experts_out.weight.view(E, d_e, -1)
+    hidden = []
+    for e, x_e in enumerate(x[tokens].split(flat.bincount(minlength=E).tolist())):
+        gate, up = (x_e @ w_in[e].T).chunk(2, dim=-1)
+        hidden.append((F.silu(gate) * up) @ w_out[e])
+    return torch.zeros_like(x).index_add_(0, tokens, torch.cat(hidden) * gates.flatten()[order, None])
 
 
 def dense_experts(moe: MoE, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
@@ -63,7 +65,7 @@ def dense_experts(moe: MoE, x: torch.Tensor, chosen: torch.Tensor, gates: torch.
     return torch.einsum("end,ne->nd", y, weights)
 
 
-DISPATCHES = {"loop": MoE.experts, "grouped_mm": grouped_mm_experts, "dense": dense_experts}
+DISPATCHES = {"loop": loop_experts, "grouped_mm": MoE.experts, "dense": dense_experts}  # model/moe.py's on a CPU
 
 
 def timed(run, repeats: int) -> dict:
@@ -94,7 +96,7 @@ def main(argv=None) -> None:
     loads = chosen.flatten().bincount(minlength=moe.n_experts).tolist()
     print(f"{torch.get_num_threads()} threads | d {model.cfg.d_model}, {moe.n_experts} experts of {moe.expert_d_ff}, "
           f"{moe.k} per token | {args.tokens} tokens, loads {loads}")
-    reference = MoE.experts(moe, x, chosen, gates)
+    reference = loop_experts(moe, x, chosen, gates)
     for name, dispatch in DISPATCHES.items():
         got = dispatch(moe, x, chosen, gates)
         # float32, sums in other orders: the outputs' scale is ~1, so a few float32 steps of it

@@ -59,6 +59,28 @@ def test_the_router_and_the_dispatch_are_the_formula_token_by_token(router):
     assert biased_differs > 0  # the bias moved some token's choice, and the gates stayed p's
 
 
+def test_the_cpus_grouped_gemm_dispatch_is_the_loops_in_float32():
+    """On a CPU in float32 the experts run through F.grouped_mm, in float64 (every other test here) through one
+    matmul per expert: the same block, forward and backward, on the same routing. float32 rounds each of the d = 32
+    and d_e = 12 products' sums to 2^-24 relative and the two orders differ: 1e-5 of the largest output (gradient)
+    is about a hundred such steps, where a misplaced expert or gate moves outputs of std ~1 by O(1)."""
+    moe64: MoE = moe_model(n_shared_experts=1).blocks[0].ffn
+    moe32 = copy.deepcopy(moe64).float()
+    x64 = torch.randn(3, 7, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    x32 = x64.detach().float().requires_grad_()
+    with torch.no_grad():
+        chosen, gates, *_ = moe64.route(x64.reshape(-1, 32))
+    y64 = moe64.experts(x64.reshape(-1, 32), chosen, gates)
+    y32 = moe32.experts(x32.reshape(-1, 32), chosen, gates.float())
+    grad = torch.randn_like(y64)
+    y64.backward(grad)
+    y32.backward(grad.float())
+    assert y64.std() > 0.5
+    for ours, exact in ((y32, y64), (x32.grad, x64.grad), (moe32.experts_in.weight.grad, moe64.experts_in.weight.grad),
+                        (moe32.experts_out.weight.grad, moe64.experts_out.weight.grad)):
+        assert (ours.double() - exact).abs().max() <= 1e-5 * exact.abs().max()
+
+
 def test_top1_gates_are_the_routers_probability_so_the_loss_trains_the_router():
     """With k = 1 the gate is p itself (Switch): renormalised over one expert it would be 1, and the language-model
     loss would give the router no gradient. k = 2 renormalises (Mixtral, Qwen3-MoE, DeepSeek-V3)."""
