@@ -286,11 +286,16 @@ def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
     return "\n".join(lines)
 
 
+def routes(variant: Variant) -> bool:
+    """Whether the variant's complete runs have experts: their evals log MaxVio (training/evaluate.py)."""
+    return bool(variant.complete) and all("moe/max_vio" in r.evals[-1] for r in variant.complete)
+
+
 def routing_table(variants: list[Variant]) -> str | None:
     """Each mixture-of-experts variant's balance at its runs' last eval (model/moe.py, training/evaluate.py):
     MaxVio (max load / mean load - 1, the mean over its MoE blocks) and its routers' entropy over ln E (the mean
     over the blocks), each mean ± std over the runs; None when no run has experts."""
-    routed = [v for v in variants if v.complete and all("moe/max_vio" in r.evals[-1] for r in v.complete)]
+    routed = [v for v in variants if routes(v)]
     if not routed:
         return None
     lines = ["| variant | MaxVio | router entropy / ln E |", "|---|---:|---:|"]
@@ -572,7 +577,7 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
                        "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
                        "diverged": sorted(line.diverged),
                        "best_lr_val_bpb": line.best.final("val_bpb"),
-                       **({"best_lr_max_vio": line.best.final("moe/max_vio")} if routing_table([line.best]) else {})}
+                       **({"best_lr_max_vio": line.best.final("moe/max_vio")} if routes(line.best) else {})}
                        for line in lines}}
         with writing(args.json):
             write_json(args.json, numbers)

@@ -241,13 +241,13 @@ def report(argv: list[str] | None = None) -> Path:
     names = [run_name(run_dir_of(d)) for d in ckpt_dirs]
     settings = [m.cfg.to_dict() | {"attention": m.cfg.attention} for m in models]  # the attention, named too
     checkpoint_labels = labels(settings, names)
-    result = {"prompt": args.prompt, "token_ids": ids, "tokens": [token_label(vocabulary[i]) for i in ids],
+    pieces = [token_label(piece) for piece in vocabulary]
+    result = {"prompt": args.prompt, "token_ids": ids, "tokens": [pieces[i] for i in ids],
               "estimator": estimator(models, checkpoint_labels), "checkpoints": []}
     for model, ckpt_dir, label, model_settings in zip(models, ckpt_dirs, checkpoint_labels, settings):
         result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model_settings,
                                       "num_params": model.num_params(), **measure(model, ids, tokenizers[0].bos_id),
-                                      **on_val_split(model, ckpt_dir, torch.tensor([ids]),
-                                                     [token_label(piece) for piece in vocabulary])})
+                                      **on_val_split(model, ckpt_dir, torch.tensor([ids]), pieces)})
     pngs = figures.draw(result)
     with writing(folder), atomic_dir(folder) as tmp:
         for name, data in pngs.items():

@@ -10,6 +10,7 @@ The choices are each MoE block's own, as its forward keeps them (model/moe.py's 
 """
 import torch
 
+from model.moe import max_violation
 from model.transformer import Transformer
 
 TOP_TOKENS = 5
@@ -23,20 +24,18 @@ def routing(model: Transformer, tokens: torch.Tensor, pieces: list[str]) -> dict
         return None
     with torch.no_grad():
         model(tokens)
-    chosen = {block: moe.last["chosen"] for block, moe in layers.items()}  # each block's own router's picks
     ids, vocab = tokens.flatten(), model.cfg.vocab_size
     occurrences = ids.bincount(minlength=vocab)
     blocks = []
-    for block, picks in chosen.items():
-        E = layers[block].n_experts
-        load = picks.flatten().bincount(minlength=E).double() / picks.numel()
+    for block, moe in layers.items():
+        picks, load = moe.last["chosen"], moe.last["load"]  # each block's own router's, from that forward
         experts = []
-        for e in range(E):
+        for e in range(moe.n_experts):
             counts = ids[(picks == e).any(dim=-1)].bincount(minlength=vocab)  # each token picks an expert once
             top = counts.topk(min(TOP_TOKENS, int((counts > 0).sum()))).indices.tolist()
             experts.append([{"token": pieces[t], "count": int(counts[t]), "share": counts[t].item() / occurrences[t].item()}
                             for t in top])
-        blocks.append({"block": block, "load": load.tolist(), "max_vio": (load.max() / load.mean() - 1).item(),
+        blocks.append({"block": block, "load": load.tolist(), "max_vio": max_violation(load),
                        "top_tokens": experts})
     return {"n_experts": model.cfg.n_experts, "k": model.cfg.experts_per_token, "router": model.cfg.router,
             "tokens": ids.numel(), "blocks": blocks}

@@ -66,6 +66,8 @@ from sentencepiece import sentencepiece_model_pb2
 
 from errors import ConfigError, UsageError
 from model.config import ModelConfig
+from model.ffn import FeedForward
+from model.moe import MoE
 from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, check_vocab
@@ -179,33 +181,33 @@ def _weight_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
         names[ours + "attn.out.weight"] = [(theirs + "self_attn.o_proj.weight", cfg.d_model)]
         names[ours + "ffn_norm.weight"] = [(theirs + "post_attention_layernorm.weight", cfg.d_model)]
         if i in model.moe_layers():
-            names |= _expert_names(cfg, architecture_of(cfg).experts, ours + "ffn.", theirs)
+            names |= _expert_names(block.ffn, architecture_of(cfg).experts, ours + "ffn.", theirs, cfg.d_model)
         else:
-            names |= _dense_ffn_names(cfg, ours + "ffn.", theirs + "mlp.")
+            names |= _dense_ffn_names(block.ffn, ours + "ffn.", theirs + "mlp.", cfg.d_model)
     if not cfg.tie_embeddings:
         names["lm_head.weight"] = [("lm_head.weight", cfg.vocab_size)]
     return names
 
 
-def _dense_ffn_names(cfg: ModelConfig, ours: str, theirs: str, width: int | None = None) -> dict:
-    """A SwiGLU's names: rows [W1; W3] of w_in are gate_proj and up_proj, w_out is down_proj."""
-    width = width or cfg.ffn_width
-    return {ours + "w_in.weight": [(theirs + "gate_proj.weight", width), (theirs + "up_proj.weight", width)],
-            ours + "w_out.weight": [(theirs + "down_proj.weight", cfg.d_model)]}
+def _dense_ffn_names(ffn: FeedForward, ours: str, theirs: str, d_model: int) -> dict:
+    """A SwiGLU's names: the rows [W1; W3] of w_in (its stacked_rows) are gate_proj and up_proj, w_out down_proj."""
+    return {ours + "w_in.weight": list(zip([theirs + "gate_proj.weight", theirs + "up_proj.weight"],
+                                           ffn.w_in.stacked_rows, strict=True)),
+            ours + "w_out.weight": [(theirs + "down_proj.weight", d_model)]}
 
 
-def _expert_names(cfg: ModelConfig, experts: Experts, ours: str, theirs: str) -> dict:
-    """An MoE block's names, in moe_layout's terms (its experts_out rows are each expert's W2, [d, d_e])."""
-    E, d_e, block = cfg.n_experts, cfg.expert_width, theirs + experts.block + "."
+def _expert_names(moe: MoE, experts: Experts, ours: str, theirs: str, d_model: int) -> dict:
+    """An MoE block's names, in moe_layout's terms (its experts_out rows are each expert's W2, [d, d_e]): the rows
+    [W1_e; W3_e] of experts_in (its stacked_rows) are each expert's gate and up projections."""
+    E, block = moe.n_experts, theirs + experts.block + "."
+    projections = [f"{block}experts.{e}.{part}.weight" for e in range(E) for part in (experts.gate, experts.up)]
     names = {ours + "router.weight": [(block + "gate.weight", E)],
-             ours + "experts_in.weight": [(f"{block}experts.{e}.{part}.weight", d_e)
-                                         for e in range(E) for part in (experts.gate, experts.up)],
-             ours + "experts_out.weight": [(f"{block}experts.{e}.{experts.down}.weight", cfg.d_model)
-                                          for e in range(E)]}
+             ours + "experts_in.weight": list(zip(projections, moe.experts_in.stacked_rows, strict=True)),
+             ours + "experts_out.weight": [(f"{block}experts.{e}.{experts.down}.weight", d_model) for e in range(E)]}
     if experts.shared:  # DeepseekV3's balancing bias, and its shared experts if any
         names[ours + "bias"] = [(block + "gate.e_score_correction_bias", E)]
-        if cfg.n_shared_experts:
-            names |= _dense_ffn_names(cfg, ours + "shared.", f"{block}{experts.shared}.", cfg.n_shared_experts * d_e)
+        if moe.shared is not None:
+            names |= _dense_ffn_names(moe.shared, ours + "shared.", f"{block}{experts.shared}.", d_model)
     return names
 
 

@@ -43,6 +43,11 @@ from model.config import ModelConfig
 from model.ffn import FeedForward
 
 
+def max_violation(load: torch.Tensor) -> float:
+    """MaxVio (Wang et al. 2024) of loads [E]: max_e load_e / mean_e load_e - 1, 0 when the experts are balanced."""
+    return (load.max() / load.mean() - 1).item()
+
+
 class Routing(NamedTuple):
     chosen: torch.Tensor  # [N, k] the experts each token goes to
     gates: torch.Tensor  # [N, k] their weights
@@ -85,7 +90,8 @@ class MoE(nn.Module):
     def experts(self, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         """sum_j g_j SwiGLU_{chosen_j}(x), dropless: [N, d]. The N k choices sorted by expert, each expert's
         SwiGLU on its rows, the gated outputs added back to their tokens. The rows go through torch's grouped GEMM
-        on a CPU (one call per weight for all the experts: 1.35x the loop there, docs/performance.md), except in
+        on a CPU (one call per weight for all the experts: the fastest measured there, 1.02-1.35x the loop over three
+        profile runs, docs/performance.md), except in
         float64, which it has no kernel for; elsewhere (CUDA) through one matmul per expert."""
         E, d_e = self.n_experts, self.expert_d_ff
         flat = chosen.flatten()  # [N k], choice i is token i // k's

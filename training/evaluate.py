@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.moe import max_violation
+
 
 def next_token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x, y: [B, T] token ids, y[:, t] the token after x[:, t]. The logits [B, T, V] go to fp32 at
@@ -52,7 +54,7 @@ def routing_metrics(routing: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> di
     metrics = {}
     for layer, (load, entropy) in routing.items():
         metrics |= {f"moe/load/{layer}/{e}": f for e, f in enumerate(load.tolist())}
-        metrics |= {f"moe/max_vio/{layer}": (load.max() / load.mean() - 1).item(), f"moe/entropy/{layer}": entropy.item()}
+        metrics |= {f"moe/max_vio/{layer}": max_violation(load), f"moe/entropy/{layer}": entropy.item()}
     if routing:
         metrics["moe/max_vio"] = sum(metrics[f"moe/max_vio/{layer}"] for layer in routing) / len(routing)
     return metrics
