@@ -5,6 +5,7 @@
     python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
     python bench.py --against DIR [--repeats N] [--json PATH] [overrides]  # this tree against another checkout
     python bench.py --caches [--long] [--repeats N] [--json PATH] [overrides]  # decode with GQA's, MQA's, MLA's caches
+    python bench.py --streaming [--repeats N] [--json PATH] [overrides]  # 20,000 tokens past the context, 3 ways
 
 llama_tiny is what `python train.py [overrides]` trains. Every peer of ours is composed from configs/ and the
 overrides as train.py composes them (settings.py), so every model.* and train.* setting reaches it: the
@@ -57,6 +58,12 @@ batch 1 and 8, one generation of each in turn, alternating; tokens/s, cache byte
 prompt and new tokens x the batch) beside the weights. --long: the preset's context stretched 32x by YaRN
 (model.rope_scaling=yarn, model.rope_factor=32, model.rope_original_context = the preset's context; 4,096 tokens
 for llama_tiny) and a generation that fills it, where the cache, not the weights, is most of what decode reads.
+--streaming: generation far past the trained context (STREAM_TOKENS new tokens after the 16-token prompt, at batch
+1 and 8, greedy, random weights), three ways, alternating: the preset's model sliding as generate.py does by
+default (every context / 2 tokens it re-prefills the last context / 2), the same model streaming with
+STREAM_SINKS sink tokens and a rolling window (StreamingLLM, Engine(sink_tokens=...)), and the preset with every
+layer local (model.window = context / 4) in its own rolling cache; "vs slide" is each row's tokens/s over the
+sliding one's, and each cache's bytes are what it allocates.
 """
 from __future__ import annotations
 
@@ -136,6 +143,8 @@ def quick_sizes(overrides: list[str]) -> Sizes:
                  decode_context=64, prefill_tokens=32, peak_n=256, repeats=2)
 
 
+STREAM_TOKENS = 20_000  # --streaming's new tokens (--quick: the quick sizes' context times 3)
+STREAM_SINKS = 4  # StreamingLLM's sink tokens (Xiao et al. 2023 keep 4)
 LONG_FACTOR = 32  # --caches --long: the context YaRN stretches the preset's to (--quick: QUICK_LONG_FACTOR)
 QUICK_LONG_FACTOR = 4
 
@@ -167,6 +176,8 @@ def parse_args(argv):
                         help="another checkout of this repo: its training and decode speed beside this tree's")
     parser.add_argument("--caches", action="store_true",
                         help="only decode with each kind of cache (GQA, MQA, MLA): tokens/s and cache bytes, alternated")
+    parser.add_argument("--streaming", action="store_true",
+                        help="generation past the context: re-prefilling, sink tokens, a windowed model's cache")
     parser.add_argument("--long", action="store_true",
                         help=f"with --caches: a generation that fills the context stretched {LONG_FACTOR}x by YaRN")
     parser.add_argument("overrides", nargs="*", help="train.py's Hydra overrides of the LLaMA to measure, e.g. "
@@ -183,7 +194,7 @@ def parse_args(argv):
     if args.against is not None and not (args.against / "model" / "__init__.py").is_file():
         raise UsageError(f"--against={args.against} is no checkout of this repo: it has no model/__init__.py")
     modes = [flag for flag, on in (("--against", args.against is not None), ("--ablation", args.ablation),
-                                   ("--caches", args.caches)) if on]
+                                   ("--caches", args.caches), ("--streaming", args.streaming)) if on]
     if len(modes) > 1:
         raise UsageError(f"{' and '.join(modes)} are separate benches: pass one of them")
     if args.long and not args.caches:
@@ -567,6 +578,41 @@ def bench_caches(models: dict[str, Transformer], sizes: Sizes, repeats: int, dev
     return results
 
 
+def streaming_peers(sizes: Sizes, device: Device) -> dict[str, tuple[Transformer, int | None]]:
+    """--streaming's three ways: (the model, its sink tokens: None slides, or streams where every layer is local)."""
+    cfg = model_config(sizes.compose())
+    full = Transformer(cfg).to(device.name).eval()
+    windowed = Transformer(replace(cfg, window=max(1, cfg.context_length // 4))).to(device.name).eval()
+    return {"slide": (full, None), "sinks": (full, STREAM_SINKS), "window": (windowed, None)}
+
+
+def bench_streaming(peers: dict[str, tuple[Transformer, int | None]], sizes: Sizes, new_tokens: int, repeats: int,
+                    device: Device) -> dict:
+    """At each decode batch, speed_rows of a greedy generation of new_tokens, each way in turn, and the bytes of
+    each way's cache."""
+    results = {}
+    for batch in sizes.decode_batches:
+        model = peers["slide"][0]
+        prompts = torch.randint(model.cfg.vocab_size, (batch, sizes.prompt_tokens), device=device.name)
+        runs = {name: our_generation(m, prompts, new_tokens, use_cache=True, device=device,
+                                     engine_class=partial(Engine, sink_tokens=sinks))
+                for name, (m, sinks) in peers.items()}
+        seconds, _, _ = timed_alternately(f"{new_tokens:,} tokens, batch {batch}", runs, repeats, device)
+        rows = speed_rows(seconds, {name: batch * new_tokens for name in runs}, "slide")
+        for name, row in rows.items():
+            m = peers[name][0]
+            row["cache_bytes"] = m.kv_cache_bytes(min(m.cfg.context_length, sizes.prompt_tokens + new_tokens - 1),
+                                                  batch, m.tok_emb.weight.dtype)
+        results[f"batch {batch}"] = rows
+    return results
+
+
+def streaming_tables(results: dict) -> str:
+    columns = {"cache bytes": lambda row: f"{row['cache_bytes']:,}"}
+    return "\n\n".join(f"{batch}\n\n" + speed_table(rows, "way", "slide", columns, "decode tokens/s")
+                       for batch, rows in results.items())
+
+
 def caches_tables(results: dict) -> str:
     columns = {"cache bytes/token": lambda row: f"{row['cache_bytes_per_token']:,}",
                "parameters": lambda row: f"{row['num_params']:,}",
@@ -789,6 +835,9 @@ def main(argv=None) -> int:
             peers = against_peers(other, settings, device)
         elif args.caches:
             peers = cache_peers(sizes, device)
+        elif args.streaming:
+            peers = streaming_peers(sizes, device)
+            stream_tokens = 3 * peers["slide"][0].cfg.context_length if args.quick else STREAM_TOKENS
         else:
             peers = ablation_peers(sizes, device) if args.ablation else training_peers(sizes, device, args.compile)
     except UsageError as e:  # a bad override, a setting that builds no model, one transformers cannot mirror
@@ -797,14 +846,15 @@ def main(argv=None) -> int:
     repeats = args.repeats or sizes.repeats
     load_before = os.getloadavg()
     started = time.perf_counter()
-    if args.against or args.ablation or args.caches:  # one table of one kind of run
+    if args.against or args.ablation or args.caches or args.streaming:  # one table of one kind of run
         speeds = (bench_against(other, peers, sizes, repeats, device) if args.against
                   else bench_caches(peers, sizes, repeats, device) if args.caches
+                  else bench_streaming(peers, sizes, stream_tokens, repeats, device) if args.streaming
                   else bench_ablation(peers, repeats, device))
         print(f"{machine(device)} | {torch.get_num_threads()} threads | load {load_before[0]:.1f} -> "
               f"{os.getloadavg()[0]:.1f} | {time.perf_counter() - started:.0f} s | medians of {repeats}\n")
         print(against_tables(speeds, sizes) if args.against else caches_tables(speeds) if args.caches
-              else speed_table(speeds, "variant", "baseline"))
+              else streaming_tables(speeds) if args.streaming else speed_table(speeds, "variant", "baseline"))
         if args.json:
             write_json(args.json, speeds)
         return 0

@@ -3,6 +3,7 @@
     python evaluate.py --ckpt outputs/<date>/<time> --lengths 128,256,512,1024 --json lengths.json
     python evaluate.py --ckpt RUN --lengths 512 --rope-scaling yarn --rope-factor 4 --stride 64
     python evaluate.py --ckpt RUN --lengths 128 --mode training     # training's eval set: the run's last val bpb
+    python evaluate.py --ckpt RUN --lengths 1024 --mode streaming --sink-tokens 4   # StreamingLLM, 8x the context
 
 For each length L and mode (chunked, sliding; both by default), the val bits per byte over the scored tokens and
 per bucket of positions inside the window (insight/lengths.py says what each mode scores). The val split is the
@@ -32,6 +33,7 @@ from omegaconf import DictConfig
 
 from cli import Parser
 from errors import ConfigError, UsageError
+from generation.engine import SamplingError, check_sink_tokens
 from generation.memory import memory_shortfall
 from insight.figures import loss_by_position, png
 from insight.lengths import MODES, run_config, run_val_split, score, window_count
@@ -51,6 +53,9 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--lengths", required=True, help="window lengths in tokens, comma-separated: 128,256,512")
     parser.add_argument("--mode", choices=(*MODES, "both"), default="both", help="both: chunked and sliding")
     parser.add_argument("--stride", type=int, help="the sliding window's step, at most the length (default: L / 2)")
+    parser.add_argument("--sink-tokens", type=int, help="--mode streaming: the first tokens the cache keeps, beside "
+                        "a rolling window of the rest of the trained context (0: the window alone; leave it out "
+                        "for a windowed model's own rolling cache)")
     parser.add_argument("--bucket", type=int, help="positions per bucket (default: the trained context / 4)")
     parser.add_argument("--rope-scaling", choices=SCALINGS, help="read RoPE's weights under this scaling")
     parser.add_argument("--rope-factor", type=float, help="the scaling's factor s (> 1)")
@@ -78,6 +83,8 @@ def parse_args(argv: list[str] | None):
         raise UsageError("--rope-scaling and --rope-factor go together: e.g. --rope-scaling yarn --rope-factor 4")
     if max(args.lengths) + 1 > args.max_tokens:
         raise UsageError(f"--max-tokens={args.max_tokens} holds no window of {max(args.lengths)} tokens")
+    if args.sink_tokens is not None and args.mode != "streaming":
+        raise UsageError(f"--sink-tokens={args.sink_tokens} is a setting of --mode streaming, not --mode {args.mode}")
     args.modes = BOTH if args.mode == "both" else (args.mode,)
     args.plot = args.plot or (args.json.with_suffix(".png") if args.json else None)
     for path in (args.json, args.plot):
@@ -126,17 +133,36 @@ def evaluate(args) -> dict:
     if shortfall := memory_shortfall(needs, args.device):
         raise UsageError(f"--lengths={max(args.lengths)} at --batch-size={args.batch_size} {shortfall}")
     model.fit_positions(max(args.lengths))  # a learned table past its rows: one error line before any work
+    if "streaming" in args.modes:
+        check_streaming(model, args.sink_tokens)
     print(loaded_line(ckpt_dir), flush=True)
     bucket = args.bucket or max(1, cfg.original_context // 4)
     results = []
     for (length, mode), count in windows.items():
         results.append(score(model, val if mode == "training" else stream, length, mode, stride(args, length),
-                             bucket, bytes_per_token, args.batch_size, count))
+                             bucket, bytes_per_token, args.batch_size, count, args.sink_tokens))
         print(f"length {length:>6} {mode:<8} val bpb {results[-1]['val_bpb']:.4f} "
               f"({results[-1]['tokens']:,} tokens)", flush=True)
     return {"ckpt": str(ckpt_dir), "context_length": cfg.context_length, "original_context": cfg.original_context,
             "position": cfg.position, "rope_scaling": cfg.rope_scaling, "rope_factor": cfg.rope_factor,
             "val_tokens": len(stream), "bytes_per_token": bytes_per_token, "results": results}
+
+
+def check_streaming(model, sink_tokens: int | None) -> None:
+    """The streaming mode's cache for this model, refused in one line where it cannot be: sink tokens the model
+    cannot take (generation.engine.check_sink_tokens), or a model with full layers and no sink tokens, whose
+    cache would not roll."""
+    cfg = model.cfg
+    try:
+        check_sink_tokens(model, sink_tokens, cfg.context_length)
+    except SamplingError as e:
+        raise UsageError(f"--{e.setting.replace('_', '-')}={e.value} {e.rule}") from None
+    if sink_tokens is None and any(cfg.layer_window(i) is None for i in range(cfg.n_layers)):
+        raise UsageError("--mode streaming needs --sink-tokens (0: the window alone) for a model with full layers: "
+                         "only a model whose layers are all local streams in its own rolling cache")
+    if cfg.rope_scaling == "dynamic":  # with sink tokens check_sink_tokens has refused it
+        raise UsageError("--mode streaming with model.rope_scaling=dynamic: its frequencies change with the "
+                         "sequence's length, which a stream does not have")
 
 
 def checked_window_count(args, n_stream: int, n_val: int, train: DictConfig, length: int, mode: str) -> int:

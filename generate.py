@@ -3,6 +3,11 @@
     python generate.py --ckpt outputs/<date>/<time> --prompt "ROMEO:" --max-new-tokens 200 --top-k 50
 
     python generate.py --ckpt RUN --context 512 --rope-scaling yarn --rope-factor 4   # 4x the trained context
+    python generate.py --ckpt RUN --max-new-tokens 20000 --sink-tokens 4     # StreamingLLM: no re-prefill
+
+Past the context a generation slides (re-prefilling the last half of it) unless its cache rolls: a model whose
+layers are all local (model.window) streams in its own rolling cache, and --sink-tokens S makes the full layers
+keep their first S positions and a rolling window of the rest (StreamingLLM, docs/generation.md).
 
 The prompt is BOS followed by --prompt's tokens. The first sample streams to stdout as its tokens
 arrive; with --num-samples N > 1 each sample gets a `--- sample i ---` header and samples 2 .. N are
@@ -49,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rope-scaling", choices=SCALINGS, help="read RoPE's positions under this scaling "
                         "(model/rope_scaling.py), the trained context as the original one")
     parser.add_argument("--rope-factor", type=float, help="the scaling's factor s (> 1), e.g. --context / the trained one")
+    parser.add_argument("--sink-tokens", type=int, help="StreamingLLM: past the context, keep the first S tokens "
+                        "and a rolling window of the last context - S, instead of re-prefilling (0: the window alone)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     if args.context is not None and args.context < 2:
@@ -62,6 +69,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise UsageError(f"--prompt is not UTF-8 text: byte 0x{bad.hex()} at character {e.start}") from None
     if args.compile and args.no_kv_cache:
         raise UsageError("--compile compiles the cached decode step; it does nothing with --no-kv-cache")
+    if args.sink_tokens is not None and args.no_kv_cache:
+        raise UsageError(f"--sink-tokens={args.sink_tokens} keeps tokens in the KV cache; it does nothing with "
+                         f"--no-kv-cache")
     try:
         check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p)
     except SamplingError as e:
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             model = model.with_rope_scaling(args.rope_scaling, args.rope_factor or 1.0)
         prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
         try:  # a learned table refuses a longer context here; tables, cache or window too large for the memory too
-            engine = Engine(model, tokenizer, context=args.context)
+            engine = Engine(model, tokenizer, context=args.context, sink_tokens=args.sink_tokens)
             steps = engine.generate([prompt], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
                                     args.seed, use_cache=not args.no_kv_cache,
                                     eos_id=None if args.ignore_eos else tokenizer.eos_id, num_samples=args.num_samples)

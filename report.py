@@ -36,13 +36,16 @@ from storage.files import atomic_dir, write_bytes, write_json, writing
 
 DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 LLAMA_2_7B = {"name": "LLaMA-2-7B", "cache": "heads", "layers": 32, "kv_heads": 32, "head_dim": 128, "seq": 4096,
-              "batch": 1, "dtype": "fp16"}
+              "batch": 1, "dtype": "fp16", "window": 0, "local_layers": 0}
+# Mistral-7B-v0.1 at its full 32,768 positions: every layer a 4,096-position window, an eighth of the positions held
+MISTRAL_7B = {"name": "Mistral-7B", "cache": "heads", "layers": 32, "kv_heads": 8, "head_dim": 128, "seq": 32768,
+              "batch": 1, "dtype": "fp16", "window": 4096, "local_layers": 32}
 # the chapter's fourth row: LLaMA-2-7B's layers and context with DeepSeek's latent (512) and RoPE key (64); and
 # DeepSeek-V3's own 61 layers (70,272 bytes per token at bf16)
 LATENT_PRESETS = [{"name": "LLaMA-2-7B with MLA", "cache": "latent", "layers": 32, "kv_rank": 512, "rope_head_dim": 64,
-                   "seq": 4096, "batch": 1, "dtype": "fp16"},
+                   "seq": 4096, "batch": 1, "dtype": "fp16", "window": 0, "local_layers": 0},
                   {"name": "DeepSeek-V3", "cache": "latent", "layers": 61, "kv_rank": 512, "rope_head_dim": 64,
-                   "seq": 4096, "batch": 1, "dtype": "bf16"}]
+                   "seq": 4096, "batch": 1, "dtype": "bf16", "window": 0, "local_layers": 0}]
 REPORT_FILE = "report.json"
 
 
@@ -189,21 +192,24 @@ def on_val_split(model: Transformer, ckpt_dir: Path, tokens: torch.Tensor, piece
 def estimator(models: list[Transformer], names: list[str]) -> dict:
     """The estimator's presets, each checkpoint's own (its full context, fp32) first, with their bytes by
     model/kv_cache.py's formula, which the page's script computes too: K/V heads (cache=heads) or MLA's latent
-    and RoPE key (cache=latent)."""
+    and RoPE key (cache=latent), local layers (local_layers of them, a window of `window`, 0: none) holding
+    min(window, seq) positions."""
     dtype_of = {size: name for name, size in reversed(BYTES_PER_ELEMENT.items())}  # 4 -> fp32, 2 -> fp16
     presets = []
     for m, name in zip(models, names):
-        cfg, own = m.cfg, {"name": f"this model: {name}", "layers": m.cfg.n_layers, "seq": m.cfg.context_length,
-                           "batch": 1, "dtype": dtype_of[m.tok_emb.weight.element_size()]}
+        cfg = m.cfg
+        own = {"name": f"this model: {name}", "layers": cfg.n_layers, "seq": cfg.context_length, "batch": 1,
+               "dtype": dtype_of[m.tok_emb.weight.element_size()], "window": cfg.window or 0,
+               "local_layers": sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))}
         presets.append(own | ({"cache": "latent", "kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim}
                               if cfg.attention == "mla" else
                               {"cache": "heads", "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}))
-    presets += [dict(LLAMA_2_7B), *map(dict, LATENT_PRESETS)]
+    presets += [dict(LLAMA_2_7B), dict(MISTRAL_7B), *map(dict, LATENT_PRESETS)]
     for p in presets:
         heads, key_dim, value_dim = (1, p["kv_rank"] + p["rope_head_dim"], 0) if p["cache"] == "latent" else \
             (p["kv_heads"], p["head_dim"], p["head_dim"])
         p["bytes"] = kv_cache_bytes(p["layers"], heads, key_dim, p["seq"], p["batch"], BYTES_PER_ELEMENT[p["dtype"]],
-                                    value_dim)
+                                    value_dim, p["window"] or None, p["local_layers"] if p["window"] else 0)
     return {"bytes_per_element": BYTES_PER_ELEMENT, "presets": presets}
 
 

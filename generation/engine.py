@@ -76,6 +76,32 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise SamplingError("top_p", top_p, "must be in (0, 1]")
 
 
+def check_sink_tokens(model: Transformer, sink_tokens: int, context: int) -> None:
+    """StreamingLLM's sink tokens, against the cache they are kept in and the model: SamplingError where they cannot
+    be. They need positions that are relative (RoPE's rotations, which the cache turns on, or none at all) and
+    full layers to keep them in."""
+    cfg = model.cfg
+    if sink_tokens is None:
+        return
+    if not isinstance(sink_tokens, int) or not 0 <= sink_tokens < context:
+        raise SamplingError("sink_tokens", sink_tokens, f"must be an integer in [0, the cache's {context} positions)")
+    if cfg.position in ("learned", "sinusoidal"):
+        raise SamplingError("sink_tokens", sink_tokens, f"with model.position={cfg.position}: StreamingLLM gives the "
+                            f"cached tokens positions within the cache, which RoPE's rotations (or no positions) "
+                            f"allow and a table added to the embeddings does not")
+    if cfg.rope_scaling == "dynamic" or (sink_tokens and cfg.rope_scaling == "yarn"):
+        raise SamplingError("sink_tokens", sink_tokens, f"with model.rope_scaling={cfg.rope_scaling}: " + (
+            "its frequencies change with the sequence's length, which a stream does not have" if cfg.rope_scaling ==
+            "dynamic" else "the sinks are rotated on by composing RoPE's rotations, which YaRN's attention factor "
+                           "on cos and sin would scale again at each step"))
+    if cfg.attention == "mla":
+        raise SamplingError("sink_tokens", sink_tokens, "with attention=mla: its latent cache has no streaming form "
+                            "here")
+    if all(cfg.layer_window(i) is not None for i in range(cfg.n_layers)):
+        raise SamplingError("sink_tokens", sink_tokens, f"with every layer local (model.window={cfg.window}): their "
+                            f"rolling caches stream already, and no full layer would keep sink tokens")
+
+
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """logits: [B, V]; everything below the k-th largest logit becomes -inf."""
     kth = logits.topk(min(k, logits.shape[-1]), dim=-1).values[:, -1:]
@@ -130,21 +156,40 @@ class GenerationStats:
 
 
 class Engine:
-    def __init__(self, model: Transformer, tokenizer=None, decoder=None, context: int | None = None):
+    def __init__(self, model: Transformer, tokenizer=None, decoder=None, context: int | None = None,
+                 sink_tokens: int | None = None):
         """decoder: what runs the cached one-token steps, called as the model is (default: the model itself),
         e.g. torch.compile(model, dynamic=True); the prompt's prefill and the slides stay on the model.
         context: the positions a generation may use before it slides (default: model.context_length); a
         longer one raises PositionsError here for a learned table, and SamplingError for tables that would not fit
-        in memory."""
+        in memory. sink_tokens S: a cached generation streams past the context (StreamingLLM): the full layers
+        keep the first S positions and the last context - S (S = 0: the window alone), and nothing is
+        re-prefilled; None: it slides."""
         self.model = model
         self.context = context or model.cfg.context_length
-        if shortfall := memory_shortfall({"the position tables": table_bytes(model.cfg, self.context)},
-                                         model.tok_emb.weight.device):
-            raise SamplingError("context", self.context, shortfall)
-        model.fit_positions(self.context)
+        check_sink_tokens(model, sink_tokens, self.context)
+        self.sink_tokens = sink_tokens
+        self._fit_tables(self.context, "context", self.context)
         self.decoder = model if decoder is None else decoder
         self.tokenizer = tokenizer  # needed by complete() only
         self.stats = GenerationStats()  # of the latest run, updated as it goes
+
+    def _fit_tables(self, length: int, setting: str, value: int) -> None:
+        """The position tables for `length` positions, or SamplingError naming the setting where they would not fit
+        in memory (PositionsError for a learned table's end)."""
+        if shortfall := memory_shortfall({"the position tables": table_bytes(self.model.cfg, length)},
+                                         self.model.tok_emb.weight.device):
+            raise SamplingError(setting, value, shortfall)
+        self.model.fit_positions(length)
+
+    def streams(self, use_cache: bool) -> bool:
+        """Whether a cached generation goes on past the context in its cache, each position written once: sink tokens
+        for the full layers, or every layer local with a window shorter than the context (its own rolling cache);
+        and positions that run on the same way at any length (not a learned table, not dynamic NTK's)."""
+        cfg = self.model.cfg
+        rolls = self.sink_tokens is not None or all((cfg.layer_window(i) or self.context) < self.context
+                                                    for i in range(cfg.n_layers))
+        return use_cache and rolls and cfg.position != "learned" and cfg.rope_scaling != "dynamic"
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -159,14 +204,17 @@ class Engine:
             raise ValueError("every prompt needs at least one token, e.g. BOS")
         if len({len(p) for p in prompts}) > 1:
             raise ValueError(f"prompts of one batch must have one length, got {sorted({len(p) for p in prompts})}")
-        context = self.context
+        context, sinks = self.context, self.sink_tokens or 0
         if len(prompts[0]) > context:
             limit = (f"model.context_length={context}" if context == self.model.cfg.context_length
                      else f"the context of {context}")
-            print(f"warning: the prompt has {len(prompts[0])} tokens, more than {limit}; "
-                  f"keeping its last {context}", file=sys.stderr)
-            prompts = [p[-context:] for p in prompts]
+            kept = f"its first {sinks} (the sink tokens) and last {context - sinks}" if sinks else f"its last {context}"
+            print(f"warning: the prompt has {len(prompts[0])} tokens, more than {limit}; keeping {kept}",
+                  file=sys.stderr)
+            prompts = [p[:sinks] + p[len(p) - (context - sinks):] for p in prompts]
         device = self.model.tok_emb.weight.device
+        if self.streams(use_cache):  # positions run past the context: their tables made once, not grown each step
+            self._fit_tables(len(prompts[0]) + max_new_tokens, "max_new_tokens", max_new_tokens)
         self._check_memory(len(prompts) * num_samples, self._positions(len(prompts[0]), max_new_tokens), use_cache,
                            max_new_tokens)
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
@@ -181,8 +229,7 @@ class Engine:
         """SamplingError when the token window (int64 ids) and the cache of `batch` samples would not fit in memory."""
         weight = self.model.tok_emb.weight
         needs = {"the token window": batch * (positions + 1) * 8,
-                 "the KV cache": self.model.kv_cache_bytes_per_token(weight.dtype) * positions * batch
-                 if use_cache else 0}
+                 "the KV cache": self.model.kv_cache_bytes(positions, batch, weight.dtype) if use_cache else 0}
         if shortfall := memory_shortfall(needs, weight.device):
             raise SamplingError("max_new_tokens", max_new_tokens, f"for {batch} samples of up to {positions:,} "
                                 f"positions {shortfall}")
@@ -205,11 +252,14 @@ class Engine:
         batch = prompt.shape[0] * num_samples
         keep = max(1, context // 2)  # tokens kept when the window slides
         positions = self._positions(prompt_len, max_new_tokens)
-        # The tokens the model sees, at positions 0 .. n - 1; the spare slot holds the token that overflows it.
-        window = torch.empty(batch, positions + 1, dtype=torch.long, device=prompt.device)
-        window[:, :prompt_len] = prompt.repeat_interleave(num_samples, dim=0)
+        streams = self.streams(use_cache)
+        if not streams:  # the tokens the model sees, at positions 0 .. n - 1 (the spare slot: the one that overflows)
+            window = torch.empty(batch, positions + 1, dtype=torch.long, device=prompt.device)
+            window[:, :prompt_len] = prompt.repeat_interleave(num_samples, dim=0)
         n = prompt_len
-        cache = model.new_kv_cache(batch, positions) if use_cache else None
+        # a cache of no more positions than sink tokens holds the whole generation: it never streams
+        sink_tokens = self.sink_tokens if positions > (self.sink_tokens or 0) else None
+        cache = model.new_kv_cache(batch, positions, sink_tokens=sink_tokens) if use_cache else None
         self.stats = stats = GenerationStats(prompt_tokens=prompt.numel(),
                                              cache_bytes=cache.nbytes if cache is not None else 0)
         ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
@@ -221,7 +271,10 @@ class Engine:
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
             for step in range(max_new_tokens):
-                if step:
+                if step and streams:  # the cache takes every position: the last one is all the model needs
+                    n += 1
+                    logits = self._forward(next_id[:, None], n - 1, cache, self.decoder)
+                elif step:
                     window[:, n] = next_id
                     n += 1
                     if n > context:  # slide: keep the last `keep` tokens, re-prefill them from position 0
@@ -253,7 +306,8 @@ class Engine:
         if num_samples == 1:
             return self._forward(prompt, 0, cache)
         # the batch's cache at the full cache's length, so that dynamic NTK scales the prompt as the rest
-        once = None if cache is None else self.model.new_kv_cache(prompt.shape[0], cache.max_len, cache.k.dtype)
+        once = None if cache is None else self.model.new_kv_cache(prompt.shape[0], cache.max_len, cache.dtype,
+                                                                   cache.sink_tokens)
         logits = self._forward(prompt, 0, once)
         if cache is not None:
             cache.fill_prefix(once, repeats=num_samples, length=prompt.shape[1])

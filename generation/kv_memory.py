@@ -2,11 +2,13 @@
 
     bytes = 2 (K and V) * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_element
     bytes = n_layers * (kv_rank + rope_head_dim) * seq_len * batch * bytes_per_element     MLA (model/mla.py)
+    local layers (a window W, model/attention.py) hold min(W, seq_len) positions instead of seq_len
 
     python -m generation.kv_memory --layers 32 --kv-heads 32 --head-dim 128 --seq 4096 --dtype fp16   # LLaMA-2-7B
     python -m generation.kv_memory --layers 32 --kv-rank 512 --rope-head-dim 64 --seq 4096   # its sizes with MLA
     python -m generation.kv_memory --ckpt outputs/<run>            # this repo's checkpoint (S = its context)
     python -m generation.kv_memory --hf-config config.json --kv-heads 8   # a transformers config, flags override it
+    python -m generation.kv_memory --layers 32 --kv-heads 8 --head-dim 128 --seq 32768 --window 4096   # Mistral-7B
     python -m generation.kv_memory --new-tokens 4                  # K/V projections with and without a cache
 
 K/V projections count the tokens whose K and V one layer computes. New token i (i = 0 .. n - 1) after a
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from cli import Parser
 from errors import UsageError
-from interop.hf_llama import hf_head_dim
+from interop.hf_llama import hf_head_dim, hf_layer_types
 from interop.load import load_model
 from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import CheckpointError
@@ -44,15 +46,22 @@ def dims_from_hf_config(path: str) -> dict:
         if "kv_lora_rank" in config:  # DeepSeek-V2/V3's multi-head latent attention
             return cache_dims(config["num_hidden_layers"], seq, kv_rank=config["kv_lora_rank"],
                               rope_head_dim=config["qk_rope_head_dim"])
-        heads = config["num_attention_heads"]
-        return cache_dims(config["num_hidden_layers"], seq, kv_heads=config.get("num_key_value_heads") or heads,
-                          head_dim=hf_head_dim(config))
+        heads, layers = config["num_attention_heads"], config["num_hidden_layers"]
+        return cache_dims(layers, seq, kv_heads=config.get("num_key_value_heads") or heads,
+                          head_dim=hf_head_dim(config)) | hf_local_layers(config, layers)
     except OSError as e:
         raise UsageError(f"--hf-config {path}: cannot read it: {e.strerror}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UsageError(f"--hf-config {path}: not JSON: {e}") from None
     except (KeyError, TypeError) as e:
         raise UsageError(f"--hf-config {path}: not a transformers model config, missing {e}") from None
+
+
+def hf_local_layers(config: dict, layers: int) -> dict:
+    """The window and the number of local layers of a transformers config.json, as transformers reads them
+    (interop.hf_llama.hf_layer_types); nothing without a window."""
+    window, types = hf_layer_types(config, layers)
+    return {"window": window, "local_layers": types.count("sliding_attention")} if window else {}
 
 
 def dims_from_checkpoint(path: str) -> dict:
@@ -62,7 +71,9 @@ def dims_from_checkpoint(path: str) -> dict:
         raise UsageError(f"--ckpt {path}: {e}") from None
     if cfg.attention == "mla":
         return cache_dims(cfg.n_layers, cfg.context_length, kv_rank=cfg.kv_rank, rope_head_dim=cfg.rope_dim)
-    return cache_dims(cfg.n_layers, cfg.context_length, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim)
+    local = sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
+    return cache_dims(cfg.n_layers, cfg.context_length, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim) | (
+        {"window": cfg.window, "local_layers": local} if cfg.window else {})
 
 
 def cache_dims(layers: int, seq: int | None, **widths: int) -> dict:
@@ -84,24 +95,32 @@ def estimate(argv: list[str] | None = None) -> str:
         parser.add_argument(flag, type=int)
     parser.add_argument("--kv-rank", type=int, help="MLA's latent dims per token and layer (d_c)")
     parser.add_argument("--rope-head-dim", type=int, help="MLA's shared RoPE key dims (d_R, default 0)")
+    parser.add_argument("--window", type=int, help="a sliding window: local layers hold min(window, seq) positions")
+    parser.add_argument("--local-layers", type=int, help="how many layers are local (default: all, with --window)")
     parser.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     parser.add_argument("--dtype", choices=BYTES_PER_ELEMENT, default="fp16", help="default fp16")
     parser.add_argument("--new-tokens", type=int, help="also count K/V projections for this many new tokens")
     parser.add_argument("--prompt-tokens", type=int, default=1, help="prompt length for --new-tokens (default 1)")
     args = parser.parse_args(argv)
-    for key in ("layers", "kv_heads", "head_dim", "seq", "kv_rank", "batch", "new_tokens", "prompt_tokens"):
+    for key in ("layers", "kv_heads", "head_dim", "seq", "kv_rank", "batch", "new_tokens", "prompt_tokens", "window"):
         value = getattr(args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key.replace('_', '-')}={value} must be a positive integer")
-    if args.rope_head_dim is not None and args.rope_head_dim < 0:
-        raise UsageError(f"--rope-head-dim={args.rope_head_dim} must be a non-negative integer")
+    for key in ("rope_head_dim", "local_layers"):
+        value = getattr(args, key)
+        if value is not None and value < 0:
+            raise UsageError(f"--{key.replace('_', '-')}={value} must be a non-negative integer")
 
-    dims = {"layers": None, "kv_heads": None, "head_dim": None, "seq": None, "kv_rank": None, "rope_head_dim": None}
+    dims = {"layers": None, "kv_heads": None, "head_dim": None, "seq": None, "kv_rank": None, "rope_head_dim": None,
+            "window": None, "local_layers": None}
     if args.ckpt:
         dims |= dims_from_checkpoint(args.ckpt)
     elif args.hf_config:
         dims |= dims_from_hf_config(args.hf_config)
     dims |= {key: getattr(args, key) for key in dims if getattr(args, key) is not None}
+    if args.local_layers is not None and dims["window"] is None:
+        raise UsageError(f"--local-layers={args.local_layers} says how many layers have a window, and there is none: "
+                         f"give --window")
     latent = dims["kv_rank"] is not None  # MLA: a latent and a RoPE key per token, no K/V heads
     needed = ("layers", "kv_rank", "seq") if latent else ("layers", "kv_heads", "head_dim", "seq")
 
@@ -112,6 +131,13 @@ def estimate(argv: list[str] | None = None) -> str:
         if missing:
             raise UsageError(f"give {missing} (or --ckpt / --hf-config)")
         size = BYTES_PER_ELEMENT[args.dtype]
+        window = dims["window"]
+        local = (dims["layers"] if dims["local_layers"] is None else dims["local_layers"]) if window else 0
+        if local > dims["layers"]:
+            given = f"--local-layers={local}" if args.local_layers is not None else f"the config's {local} local layers"
+            raise UsageError(f"{given} must be at most --layers={dims['layers']}")
+        if latent and window:
+            raise UsageError(f"--window={window} with --kv-rank: this repo's latent attention has no window")
         if latent:
             rope = dims["rope_head_dim"] or 0
             total = kv_cache_bytes(dims["layers"], 1, dims["kv_rank"] + rope, dims["seq"], args.batch, size,
@@ -119,10 +145,14 @@ def estimate(argv: list[str] | None = None) -> str:
             lines.append(f"latent cache (MLA): ({dims['kv_rank']} latent + {rope} RoPE key) x {dims['layers']} "
                          f"layers x {dims['seq']} tokens x batch {args.batch} x {size} bytes ({args.dtype})")
         else:
-            total = kv_cache_bytes(dims["layers"], dims["kv_heads"], dims["head_dim"], dims["seq"], args.batch, size)
-            lines.append(f"KV cache: 2 (K, V) x {dims['layers']} layers x {dims['kv_heads']} KV heads x "
-                         f"{dims['head_dim']} head dim x {dims['seq']} tokens x batch {args.batch} x "
-                         f"{size} bytes ({args.dtype})")
+            total = kv_cache_bytes(dims["layers"], dims["kv_heads"], dims["head_dim"], dims["seq"], args.batch, size,
+                                   window=window, local_layers=local)
+            heads = f"{dims['kv_heads']} KV heads x {dims['head_dim']} head dim"
+            lines.append(f"KV cache: 2 (K, V) x {dims['layers']} layers x {heads} x {dims['seq']} tokens"
+                         if not local else
+                         f"KV cache: 2 (K, V) x {heads} x ({dims['layers'] - local} layers x {dims['seq']} tokens + "
+                         f"{local} local layers x {min(window, dims['seq'])} tokens of a {window}-token window)")
+            lines[-1] += f" x batch {args.batch} x {size} bytes ({args.dtype})"
         lines.append(f"  = {total:,} bytes = {total / 1e9:.3f} GB ({total / 2**30:.3f} GiB); "
                      f"{total // (dims['seq'] * args.batch):,} bytes per token per sequence")
     if args.new_tokens is not None:

@@ -51,9 +51,12 @@ def layer_qk(model: Transformer, tokens: torch.Tensor, start: int = 0) -> list[t
 
 def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:
     """tokens [1, T] -> weights [layer][head][T][T] and entropy [layer][head]."""
-    weights = [attention_weights(q, k)[0] for q, k in layer_qk(model, tokens)]
+    attns = [block.attn for block in model.blocks]
+    windows = [attn.window for attn in attns]
+    weights = [attention_weights(q, k, attn.window, attn.sinks)[0]
+               for (q, k), attn in zip(layer_qk(model, tokens), attns)]
     return {"weights": [w.tolist() for w in weights],
-            "entropy": [normalised_entropy(w).mean(dim=-1).tolist() for w in weights]}
+            "entropy": [normalised_entropy(w, window).mean(dim=-1).tolist() for w, window in zip(weights, windows)]}
 
 
 def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
@@ -89,10 +92,13 @@ def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
 
 def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict]:
     """One sequence's cache at the full context for every K/V head count the model's width allows (the divisors
-    of n_heads): MHA at n_heads, MQA at 1, GQA between; and an MLA model's own latent cache (d_c + d_R) beside."""
+    of n_heads): MHA at n_heads, MQA at 1, GQA between, each with the model's local layers holding their window;
+    and an MLA model's own latent cache (d_c + d_R) beside."""
     counts = [n for n in range(cfg.n_heads, 0, -1) if cfg.n_heads % n == 0]
+    local = sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
     rows = [{"attention": attention_kind(cfg.n_heads, n).upper(), "kv_heads": n,
-             "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element),
+             "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element,
+                                     window=cfg.window, local_layers=local),
              "this_model": cfg.attention != "mla" and n == cfg.n_kv_heads}
             for n in counts]
     if cfg.attention == "mla":

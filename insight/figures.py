@@ -255,6 +255,10 @@ def loss_by_position(lengths: dict) -> Figure:
         for context, style in {lengths["original_context"]: ":", lengths["context_length"]: "--"}.items():
             ax.axvline(context, color="grey", linestyle=style, linewidth=1)
         stride = f", stride {rows[0]['stride']}" if mode == "sliding" and len(rows) == 1 else ""
+        if mode == "streaming":
+            sinks = rows[0].get("sink_tokens")
+            stride = ", its own rolling cache" if sinks is None else f", {sinks} sink tokens" if sinks else \
+                ", the window alone"
         ax.set(xscale="log", xlabel="position in the window (log)", title=f"{mode}{stride}")
         ax.legend(fontsize=8, title="window: val bpb", title_fontsize=8)
     scaling = lengths["rope_scaling"]

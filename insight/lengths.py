@@ -8,6 +8,10 @@ Three ways to cut a token stream s into windows of L tokens (x = s[a : a + L], y
     training  training's own eval set (data/batches.py's eval_batches): `count` windows (train.eval_tokens // L)
               spread evenly over the whole stream, every token scored; at the trained length it is the set whose
               val bpb the run logged, so the two numbers agree to float precision (docs/long_context.md)
+    streaming chunked windows, each read as a generation reads past its context without re-prefilling: its first
+              C (the trained context) tokens prefilled into a cache of C positions, then one token at a time, the
+              cache keeping S sink tokens and a rolling window of the last C - S (StreamingLLM, model/kv_cache.py;
+              S = 0 the window alone), or a windowed model's own rolling cache (sink_tokens None)
 Per window and position t, nats(t) = -ln p(y_t | x_0..t). For a length, the result is the mean over the scored
 tokens, as bits per byte (nats / ln 2 / the split's bytes per token, training/evaluate.py), and the same mean per
 bucket of `bucket` positions: the loss against position, which shows where a model stops using its positions.
@@ -28,7 +32,7 @@ from errors import UsageError
 from model.transformer import Transformer
 from storage.checkpoint import run_dir_of
 
-MODES = ("chunked", "sliding", "training")
+MODES = ("chunked", "sliding", "training", "streaming")
 REPORT_MULTIPLES = (1, 2, 4)  # the report's lengths, in trained contexts
 REPORT_TOKENS = 16384  # the val split's first tokens the report scores
 
@@ -50,9 +54,10 @@ def run_val_split(ckpt_dir: Path) -> tuple[np.ndarray, float]:
 
 
 def window_starts(n_tokens: int, length: int, mode: str, stride: int) -> list[int]:
-    """The chunked or sliding windows' first positions in a stream of n_tokens (each window needs length + 1)."""
+    """The chunked (and streaming) or sliding windows' first positions in a stream of n_tokens (each window needs
+    length + 1)."""
     last = n_tokens - length - 1
-    step = length if mode == "chunked" else stride
+    step = stride if mode == "sliding" else length  # chunked and streaming: windows end to end
     return list(range(0, last + 1, step))
 
 
@@ -63,7 +68,8 @@ def window_count(n_tokens: int, length: int, mode: str, stride: int, count: int 
 
 def window_batches(stream: np.ndarray, length: int, mode: str, stride: int, batch_size: int, count: int | None):
     """Yields (x, y, scored) per batch of windows: inputs and targets [b, length], and the positions of each window
-    that count. The training mode's batches are training's own (eval_batches), so no second copy of its rule."""
+    that count. The training mode's batches are training's own (eval_batches), so no second copy of its rule; the
+    streaming mode's windows are the chunked ones."""
     if mode == "training":
         for x, y in eval_batches(stream, batch_size, length, count):
             yield x, y, torch.ones_like(y, dtype=torch.bool)
@@ -78,14 +84,26 @@ def window_batches(stream: np.ndarray, length: int, mode: str, stride: int, batc
         yield x, y, scored
 
 
+def streamed_logits(model: Transformer, x: torch.Tensor, sink_tokens: int | None) -> torch.Tensor:
+    """x: [B, L] read as the streaming mode reads it: the first C tokens prefilled into a cache of the trained
+    context C, then one at a time, the cache rolling (module docstring) -> logits [B, L, V]. The position tables
+    must already cover L (fit_positions), so that no step regrows them."""
+    context = model.cfg.context_length
+    cache = model.new_kv_cache(x.shape[0], context, sink_tokens=sink_tokens)
+    steps = [model(x[:, :context], 0, cache)]
+    steps += [model(x[:, t:t + 1], t, cache) for t in range(context, x.shape[1])]
+    return torch.cat(steps, dim=1)
+
+
 @torch.no_grad()
 def position_nats(model: Transformer, stream: np.ndarray, length: int, mode: str, stride: int,
-                  batch_size: int = 8, count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  batch_size: int = 8, count: int | None = None,
+                  sink_tokens: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(the summed nats, the scored tokens) at each position 0 .. length - 1 of the windows, as float64 arrays."""
     nats, counts = np.zeros(length), np.zeros(length)
     device = model.tok_emb.weight.device
     for x, y, scored in window_batches(stream, length, mode, stride, batch_size, count):
-        logits = model(x.to(device))
+        logits = streamed_logits(model, x.to(device), sink_tokens) if mode == "streaming" else model(x.to(device))
         loss = F.cross_entropy(logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32)),
                                y.to(device).flatten(), reduction="none").view(y.shape).double().cpu()
         nats += (loss * scored).sum(0).numpy()
@@ -94,9 +112,10 @@ def position_nats(model: Transformer, stream: np.ndarray, length: int, mode: str
 
 
 def score(model: Transformer, stream: np.ndarray, length: int, mode: str, stride: int, bucket: int,
-          bytes_per_token: float, batch_size: int = 8, count: int | None = None) -> dict:
+          bytes_per_token: float, batch_size: int = 8, count: int | None = None,
+          sink_tokens: int | None = None) -> dict:
     """One length, one mode: val bpb over every scored token and per bucket of positions."""
-    nats, counts = position_nats(model, stream, length, mode, stride, batch_size, count)
+    nats, counts = position_nats(model, stream, length, mode, stride, batch_size, count, sink_tokens)
     to_bpb = 1 / math.log(2) / bytes_per_token
     buckets = []
     for start in range(0, length, bucket):
@@ -106,6 +125,7 @@ def score(model: Transformer, stream: np.ndarray, length: int, mode: str, stride
             buckets.append({"start": start, "end": end, "tokens": int(tokens),
                             "val_bpb": float(nats[start:end].sum() / tokens * to_bpb)})
     return {"length": length, "mode": mode, "stride": stride if mode == "sliding" else None,
+            "sink_tokens": sink_tokens if mode == "streaming" else None,
             "windows": window_count(len(stream), length, mode, stride, count), "tokens": int(counts.sum()),
             "val_bpb": float(nats.sum() / counts.sum() * to_bpb), "buckets": buckets}
 

@@ -79,7 +79,9 @@ SECTIONS = [
 
 ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
                     ("kv_rank", "MLA latent d_c"), ("rope_head_dim", "MLA RoPE key d_R"),
-                    ("seq", "sequence length S"), ("batch", "batch"))
+                    ("seq", "sequence length S"), ("batch", "batch"), ("window", "window W (0: none)"),
+                    ("local_layers", "local layers L_w"))
+WHOLE = ("rope_head_dim", "window", "local_layers")  # fields that may be 0: no RoPE key, no window, no local layer
 # what one token's cache holds in a layer, by the cache's kind: K and V heads, or MLA's latent and RoPE key
 PER_TOKEN = {"heads": ("kv_heads", "head_dim"), "latent": ("kv_rank", "rope_head_dim")}
 
@@ -192,7 +194,7 @@ def _image(name: str, data: bytes) -> str:
 
 def _estimator(estimator: dict) -> str:
     first = estimator["presets"][0]
-    fields = "".join(f'<label>{text} <input id="est-{key}" type="number" min="{int(key != "rope_head_dim")}" step="1" '
+    fields = "".join(f'<label>{text} <input id="est-{key}" type="number" min="{int(key not in WHOLE)}" step="1" '
                      f'value="{first.get(key, "")}"></label>' for key, text in ESTIMATOR_FIELDS)
     kinds = "".join(f'<option value="{kind}"{" selected" if kind == first["cache"] else ""}>{text}</option>'
                     for kind, text in (("heads", "K/V heads"), ("latent", "MLA latent")))
@@ -202,7 +204,7 @@ def _estimator(estimator: dict) -> str:
                       for i, p in enumerate(estimator["presets"]))
     return f"""<form id="estimator" onsubmit="return false">
 <h3>KV-cache estimator</h3>
-<p class="formula">bytes = L × (2 × H_kv × d_head, or with MLA d_c + d_R) × S × batch × bytes per element</p>
+<p class="formula">bytes = ((L − L_w) × S + L_w × min(W, S)) × (2 × H_kv × d_head, or with MLA d_c + d_R) × batch × bytes per element</p>
 <div class="fields"><label>cache <select id="est-cache">{kinds}</select></label>{fields}<label>dtype <select id="est-dtype">{dtypes}</select></label></div>
 <div class="presets">{buttons}</div>
 <p class="result"><output id="est-bytes"></output> bytes = <output id="est-gb"></output></p>
@@ -212,21 +214,27 @@ const BYTES_PER_ELEMENT = {json.dumps(estimator["bytes_per_element"])};
 const PRESETS = {json.dumps(estimator["presets"])};
 const FIELDS = {json.dumps([key for key, _ in ESTIMATOR_FIELDS])};
 const PER_TOKEN = {json.dumps(PER_TOKEN)};
+const WHOLE = {json.dumps(WHOLE)};
+function refuse(message) {{
+  document.getElementById("est-bytes").textContent = message;
+  document.getElementById("est-gb").textContent = "";
+}}
 function recompute() {{
   const cache = document.getElementById("est-cache").value, n = {{}};
-  for (const key of ["layers", ...PER_TOKEN[cache], "seq", "batch"]) {{
+  for (const key of ["layers", ...PER_TOKEN[cache], "seq", "batch", "window", "local_layers"]) {{
     const text = document.getElementById("est-" + key).value.trim();
-    const zero = key === "rope_head_dim";  // MLA without RoPE has no RoPE key
+    const zero = WHOLE.includes(key);  // MLA without RoPE has no RoPE key; 0 windows, 0 local layers
     if (!(zero ? /^(0|[1-9][0-9]*)$/ : /^[1-9][0-9]*$/).test(text)) {{
-      document.getElementById("est-bytes").textContent = key + " must be a " + (zero ? "non-negative" : "positive")
-        + " integer";
-      document.getElementById("est-gb").textContent = "";
-      return;
+      return refuse(key + " must be a " + (zero ? "non-negative" : "positive") + " integer");
     }}
     n[key] = BigInt(text);
   }}
+  if (n.local_layers > n.layers) return refuse("local_layers must be at most layers");
+  const local = n.window > 0n ? n.local_layers : 0n;  // without a window every layer holds S positions
+  const held = n.window > 0n && n.window < n.seq ? n.window : n.seq;
+  const slots = (n.layers - local) * n.seq + local * held;
   const perToken = cache === "latent" ? n.kv_rank + n.rope_head_dim : 2n * n.kv_heads * n.head_dim;
-  const bytes = n.layers * perToken * n.seq * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
+  const bytes = slots * perToken * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
   document.getElementById("est-bytes").textContent = bytes.toLocaleString("en-US");
   document.getElementById("est-gb").textContent = readable(Number(bytes));
 }}

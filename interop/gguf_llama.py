@@ -275,6 +275,9 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     Qwen3-MoE or DeepSeek-V3 with experts, that llama.cpp runs. Returns notes for the user."""
     cfg = model.cfg
     check_exportable(cfg, "llama.cpp")
+    if cfg.window is not None:
+        raise InteropError(f"model.window={cfg.window} has no llama.cpp export here: its llama, qwen3 and qwen3moe "
+                           f"graphs attend to every earlier position")
     target = llama_cpp_arch(cfg)
     check_experts(cfg, target)
     check_latent_query(cfg)

@@ -65,7 +65,7 @@ from safetensors.torch import load_file
 from sentencepiece import sentencepiece_model_pb2
 
 from errors import ConfigError, UsageError
-from model.config import ModelConfig
+from model.config import ModelConfig, window_pattern_of
 from model.ffn import FeedForward
 from model.moe import MoE
 from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
@@ -104,9 +104,15 @@ class Architecture:
 
 LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
                      {"hidden_act": "silu", "attention_bias": False, "mlp_bias": False}, None)
-# Qwen3Config's head_dim defaults to 128 whatever the width; its MLP has no bias switch; sliding windows are off
+# LLaMA with a sliding window (model.window, hf_windows): Mistral's in every layer, Ministral's where layer_types says
+MISTRAL = Architecture("Mistral", "mistral", "MistralForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
+                       {"hidden_act": "silu"}, None)
+MINISTRAL = Architecture("Ministral", "ministral", "MinistralForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
+                         {"hidden_act": "silu"}, None)
+# Qwen3Config's head_dim defaults to 128 whatever the width; its MLP has no bias switch; its sliding windows are
+# use_sliding_window, sliding_window and layer_types (hf_windows)
 QWEN3 = Architecture("Qwen3", "qwen3", "Qwen3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "rmsnorm"},
-                     {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False}, 128)
+                     {"hidden_act": "silu", "attention_bias": False}, 128)
 # multi-head latent attention with a dense SwiGLU at every layer; its latents' norms have eps 1e-6 (model/mla.py)
 DEEPSEEK_V3 = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
                            {"hidden_act": "silu", "attention_bias": False}, None)
@@ -115,11 +121,11 @@ DEEPSEEK_V3 = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausalLM",
 MOE_SWITCHES = LLAMA_SWITCHES | {"ffn": "moe", "router": "softmax", "n_shared_experts": 0, "router_bias_rate": 0.0}
 GATED_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 MIXTRAL = Architecture("Mixtral", "mixtral", "MixtralForCausalLM", MOE_SWITCHES | {"qk_norm": "none", "dense_layers": 0},
-                       {"hidden_act": "silu", "sliding_window": None, "router_jitter_noise": 0.0}, None,
+                       {"hidden_act": "silu", "router_jitter_noise": 0.0}, None,
                        Experts("block_sparse_moe", "w1", "w3", "w2", "num_local_experts", "intermediate_size"))
 QWEN3_MOE = Architecture("Qwen3-MoE", "qwen3_moe", "Qwen3MoeForCausalLM", MOE_SWITCHES | {"qk_norm": "rmsnorm"},
-                         {"hidden_act": "silu", "attention_bias": False, "use_sliding_window": False,
-                          "norm_topk_prob": True, "decoder_sparse_step": 1}, 128,
+                         {"hidden_act": "silu", "attention_bias": False, "norm_topk_prob": True,
+                          "decoder_sparse_step": 1}, 128,
                          Experts("mlp", *GATED_PROJECTIONS, "num_experts", "moe_intermediate_size"))
 # DeepseekV3's MoE: the sigmoid router, its bias (e_score_correction_bias), one group, gates not rescaled
 DEEPSEEK_V3_MOE = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausalLM",
@@ -132,7 +138,11 @@ DEEPSEEK_V3_MOE = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausal
 ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}
 MOE_ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (MIXTRAL, QWEN3_MOE)}
 # config.json's model_type -> its architecture (DeepseekV3's with experts where first_k_dense_replace < layers)
-BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, QWEN3, DEEPSEEK_V3, MIXTRAL, QWEN3_MOE)}
+BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, MISTRAL, MINISTRAL, QWEN3, DEEPSEEK_V3, MIXTRAL, QWEN3_MOE)}
+# the families whose config.json says which layers are local (layer_types), and those with a window in every layer
+LAYER_TYPES = (MINISTRAL, QWEN3)
+EVERY_LAYER_WINDOW = (MISTRAL, MIXTRAL, QWEN3_MOE)
+USE_SLIDING_WINDOW = (QWEN3, QWEN3_MOE)  # theirs is off unless use_sliding_window says so (hf_layer_types)
 
 
 def architecture_of(cfg: ModelConfig) -> Architecture:
@@ -141,7 +151,10 @@ def architecture_of(cfg: ModelConfig) -> Architecture:
     for an MoE, else LLaMA or Qwen3."""
     if cfg.attention == "mla" or cfg.ffn == "moe" and cfg.router == "sigmoid":
         return DEEPSEEK_V3_MOE if cfg.ffn == "moe" else DEEPSEEK_V3
-    return (MOE_ARCHITECTURES if cfg.ffn == "moe" and cfg.router == "softmax" else ARCHITECTURES)[cfg.qk_norm]
+    arch = (MOE_ARCHITECTURES if cfg.ffn == "moe" and cfg.router == "softmax" else ARCHITECTURES)[cfg.qk_norm]
+    if arch is LLAMA and cfg.window is not None:  # LLaMA has no window; Mistral has one everywhere, Ministral per layer
+        return MISTRAL if cfg.window_pattern == "all" else MINISTRAL
+    return arch
 
 
 def hf_head_dim(hf: dict) -> int:
@@ -293,6 +306,13 @@ def check_exportable(cfg: ModelConfig, target: str) -> Architecture:
     if refused:
         raise InteropError(f"no {target} {arch.name} equivalent for {', '.join(refused)} "
                            f"({arch.name} is {', '.join(f'model.{k}={v}' for k, v in arch.switches.items())})")
+    if cfg.sinks:
+        raise InteropError(f"model.sinks=true has no {target} equivalent here: the family with sink logits, gpt-oss, "
+                           f"also has biases in its attention and experts and a clamped SwiGLU, which this repo's "
+                           f"models lack")
+    if cfg.window is not None and arch in EVERY_LAYER_WINDOW and cfg.window_pattern != "all":
+        raise InteropError(f"model.window={cfg.window} with model.window_pattern={cfg.window_pattern} has no {target} "
+                           f"{arch.name} equivalent: its window is in every layer (model.window_pattern=all)")
     if cfg.ffn == "moe" and cfg.experts_per_token == 1:  # model/moe.py: a top-1 gate is p, not renormalised
         raise InteropError(f"model.experts_per_token=1 has no {target} {arch.name} equivalent: its gates are "
                            f"renormalised over the k chosen, 1 for a single expert, where this repo's top-1 gate is "
@@ -344,6 +364,7 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
         **heads,
         "max_position_embeddings": max_positions,
         **hf_experts(cfg, arch),
+        **hf_windows(cfg, arch),
         "rms_norm_eps": cfg.norm_eps,
         "rope_parameters": rope,
         # transformers 4.x reads rope_theta, rope_scaling and torch_dtype; 5.x reads rope_parameters and dtype
@@ -357,6 +378,21 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
     }
+
+
+def hf_windows(cfg: ModelConfig, arch: Architecture) -> dict:
+    """config.json's sliding-window keys: the window (Mistral's and Mixtral's in every layer), each layer's type where
+    the family lists them, and Qwen3's use_sliding_window (off without a window)."""
+    keys = {}
+    if arch in USE_SLIDING_WINDOW:
+        keys["use_sliding_window"] = cfg.window is not None
+    if cfg.window is None:
+        return keys | ({"sliding_window": None} if arch in (MIXTRAL, *USE_SLIDING_WINDOW) else {})
+    keys["sliding_window"] = cfg.window
+    if arch in LAYER_TYPES:
+        keys["layer_types"] = ["sliding_attention" if cfg.layer_window(i) else "full_attention"
+                               for i in range(cfg.n_layers)]
+    return keys
 
 
 def hf_experts(cfg: ModelConfig, arch: Architecture) -> dict:
@@ -401,11 +437,6 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     for key, supported in arch.fixed.items():
         if hf.get(key, supported) != supported:
             raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
-    # transformers 5 lists each layer's attention; this repo's attends to the whole context at every layer
-    for layer, kind in enumerate(hf.get("layer_types") or ()):
-        if kind != "full_attention":
-            raise InteropError(f"layer_types[{layer}]={kind!r} is not supported; this repo's attention is "
-                               f"full_attention at every layer")
     try:
         d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         ffn_width = hf["intermediate_size"]
@@ -415,6 +446,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
     values |= rope_settings(hf, values["context_length"])
+    values |= window_settings(hf, values["n_layers"], values["context_length"])
     if arch.model_type == "deepseek_v3":
         values |= latent_attention_settings(hf)
     if arch.experts:
@@ -426,6 +458,47 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     return ModelConfig(**values, d_ff=ffn_width,
                        norm_eps=hf.get("rms_norm_eps", 1e-6),
                        tie_embeddings=hf.get("tie_word_embeddings", False), **arch.switches)
+
+
+QWEN_WINDOWS = ("qwen2", "qwen3", "qwen3_moe")  # model_types whose window is off unless use_sliding_window is true
+
+
+def hf_layer_types(hf: dict, n_layers: int) -> tuple[int | None, list[str]]:
+    """(the sliding window, each layer's attention) as transformers reads a config.json: layer_types where given;
+    else sliding_attention in every layer with a window (Mistral, Mixtral, Qwen3-MoE), or from max_window_layers on
+    (Qwen2, Qwen3); the Qwen families' window only with use_sliding_window true (their default is false)."""
+    model_type = hf.get("model_type")
+    window = hf.get("sliding_window")
+    if model_type in QWEN_WINDOWS and not hf.get("use_sliding_window", False):
+        window = None
+    types = hf.get("layer_types")
+    if types is None:
+        first = hf.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0  # their configs' default
+        types = ["sliding_attention" if window is not None and i >= first else "full_attention"
+                 for i in range(n_layers)]
+    return window, types
+
+
+def window_settings(hf: dict, n_layers: int, context: int) -> dict:
+    """model.window and model.window_pattern of a config.json (hf_layer_types): hf_windows' inverse. A window no
+    shorter than the context cuts nothing: full attention. Layers whose types no model.window_pattern makes (a full
+    one first, say) are refused in one line."""
+    window, types = hf_layer_types(hf, n_layers)
+    for layer, kind in enumerate(types):
+        if kind not in ("full_attention", "sliding_attention"):
+            raise InteropError(f"layer_types[{layer}]={kind!r} is not supported; this repo's layers are "
+                               f"full_attention or sliding_attention")
+    local = [kind == "sliding_attention" for kind in types]
+    if window is None or window >= context or not any(local):
+        return {}
+    if BY_MODEL_TYPE[hf["model_type"]] not in (*LAYER_TYPES, *EVERY_LAYER_WINDOW):
+        raise InteropError(f"sliding_window={window} is not supported; this repo's "
+                           f"{BY_MODEL_TYPE[hf['model_type']].name} attends to every earlier position")
+    pattern = window_pattern_of(local)
+    if pattern is None:
+        raise InteropError(f"layer_types={types} is not supported; this repo's local layers are all of them, every "
+                           f"other one from the first (alternate), or N local to one full (N:1)")
+    return {"window": window, "window_pattern": pattern}
 
 
 def expert_settings(hf: dict, arch: Architecture) -> dict:

@@ -10,7 +10,19 @@ broadcasts them instead of materialising H copies.
 
 With QK-norm (model/qk_norm.py), each q and k head is RMS-normalised first. With RoPE, q and k are then
 rotated by their absolute positions before the dot product. With a KV cache, the new tokens start at absolute
-position `start` and attend to every cached one.
+position `start` and attend to the cached ones.
+
+Sliding window (Mistral, Gemma 3, gpt-oss; model.window = W, model.window_pattern picks the local layers): a local
+layer's query at position t sees the keys at t - W < s <= t, a band instead of the causal triangle:
+    attn = softmax(q k^T / sqrt(D) + band_mask) v        band_mask[t, s] = 0 if t - W < s <= t else -inf
+Its cache needs only the last W keys, a rolling buffer (model/kv_cache.py). sdpa takes the band as a bool mask,
+so on a CPU its fused kernel still never materialises the weights (it keeps the T x S mask).
+
+Sinks (gpt-oss, model.sinks): a learned logit s_h per query head, one more column of the softmax that takes weight
+and gives no value, so a head can attend to "nothing":
+    w = softmax([q k^T / sqrt(D) + mask, s_h])[:, :S]    y = w v       (the rows of w sum to less than 1)
+sdpa runs it as one more key that every query sees, with logit s_h and value 0: q' = [q, s_h sqrt(D)], the keys
+[k, 0], the sink's key [0, ..., 0, 1], at sdpa's scale 1 / sqrt(D) (attend_with_sink).
 
 sdpa never materialises the attention weights; attention_scores and attention_weights below compute
 them from Attention.heads' q and k for what looks inside the model (training/diagnostics.py, insight/).
@@ -28,11 +40,15 @@ from model.qk_norm import QKNorm
 
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                 rotary: Rotary | None, qk_norm: QKNorm | None, layer: int):
+                 rotary: Rotary | None, qk_norm: QKNorm | None, layer: int, window: int | None = None,
+                 sinks: bool = False):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.layer = layer  # index into the KV cache
+        self.window = window  # the positions a query sees, its own included; None: all earlier ones
+        # gpt-oss's sink logits, one per query head; 0 at init: the sink starts as one more key of logit 0
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
         # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv] (an optimizer that treats each
         # matrix on its own, Muon, reads stacked_rows).
         self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
@@ -59,14 +75,32 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.heads(x, start)
+        key_positions = None  # the keys are the positions up to the last query's, in order
         if cache is not None:
-            k, v = cache.update(self.layer, start, k, v)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=causal_mask(T, k.shape[2], x.device),
-            is_causal=(T > 1 and k.shape[2] == T),
-            dropout_p=self.dropout if self.training else 0.0,
-            enable_gqa=self.n_kv_heads != self.n_heads)
+            k, v, key_positions = cache.update(self.layer, start, k, v)
+        mask = visible_keys(start, T, k.shape[2], key_positions, self.window, x.device)
+        dropout = self.dropout if self.training else 0.0
+        if self.sinks is not None:
+            y = attend_with_sink(q, k, v, mask, self.sinks, dropout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                               dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def visible_keys(start: int, n_queries: int, n_keys: int, key_positions: torch.Tensor | None, window: int | None,
+                 device) -> torch.Tensor | None:
+    """[T, S] bool, True where query i (at position start + i) sees key j: the key is at or before it, and within
+    its window. key_positions: [S], each key's position (a rolling cache's slots), or None for keys that are the
+    positions up to the last query's in order (the last T of them the queries'). None where that needs no mask:
+    sdpa's own is_causal (T == S) or one query that sees every key."""
+    if key_positions is None:
+        if window is None or n_keys <= window:  # the window cuts nothing: the causal triangle
+            return causal_mask(n_queries, n_keys, device)
+        key_positions = torch.arange(start + n_queries - n_keys, start + n_queries, device=device)
+    queries = torch.arange(start, start + n_queries, device=device)[:, None]
+    visible = key_positions[None, :] <= queries
+    return visible if window is None else visible & (key_positions[None, :] > queries - window)
 
 
 def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor | None:
@@ -80,6 +114,30 @@ def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor | None:
     return keys[None, :] <= queries[:, None]
 
 
+def attend_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                     sinks: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
+    """softmax([q k^T / sqrt(D) + mask, s_h]) over the keys and a sink, applied to [v, 0]: [B, H, T, D_v]. The sink
+    is one more key, the last, seen by every query: q gets a dimension s_h sqrt(D), the keys a 0 there, the sink's
+    key is 1 there and 0 elsewhere, and its value is 0; mask: visible_keys' (None: causal, or one query).
+    Sequences of v's width only: the values get a dimension of 0 as well (dropped from the output)."""
+    B, H, T, D = q.shape
+    H_kv, S = k.shape[1], k.shape[2]
+    scale = 1 / math.sqrt(D)
+    q = torch.cat([q, (sinks.to(q.dtype) / scale).view(1, H, 1, 1).expand(B, H, T, 1)], dim=-1)
+    k = F.pad(F.pad(k, (0, 1)), (0, 0, 0, 1))  # [k, 0] and a row of zeros for the sink, set to [0, ..., 0, 1]
+    k[:, :, -1, -1] = 1
+    # the values get a 0 dimension too (dropped from the output): with q, k and v of one width sdpa keeps its fused
+    # CPU kernel, where a value narrower than the key sends it to the one that materialises the weights. On CUDA a
+    # width of D + 1 may rule out the fused kernels (untested here); each decode step also copies the cache's K/V.
+    v = F.pad(v, (0, 1, 0, 1))
+    if mask is None and T > 1:  # the causal triangle, made explicit: the sink's column breaks is_causal's alignment
+        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # the last T of S positions
+    if mask is not None:
+        mask = F.pad(mask, (0, 1), value=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale,
+                                          enable_gqa=H_kv != H)[..., :-1]
+
+
 def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """q: [B, H, T_q, D], k: [B, H_kv, T_k, D] -> q k^T / sqrt(D): [B, H, T_q, T_k], in q's dtype. Query head h
     reads K/V head h // (H / H_kv), the grouping enable_gqa gives sdpa."""
@@ -87,9 +145,15 @@ def attention_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     return q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
 
 
-def attention_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D) + causal mask) for q and k of the same T positions: [B, H, T, T], row t the
-    weights query t gives keys 0 .. t, the ones forward's sdpa applies to v."""
+def attention_weights(q: torch.Tensor, k: torch.Tensor, window: int | None = None,
+                      sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + mask) for q and k of the same T positions: [B, H, T, T], row t the weights query t
+    gives keys 0 .. t (t - window < s <= t in a local layer), the ones forward's sdpa applies to v. With sinks the
+    softmax has their column too, left out here: a row then sums to less than 1."""
     T = q.shape[-2]
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    return attention_scores(q, k).masked_fill(future, -math.inf).softmax(dim=-1)
+    visible = visible_keys(0, T, T, torch.arange(T, device=q.device), window, q.device)
+    scores = attention_scores(q, k).masked_fill(~visible, -math.inf)
+    if sinks is None:
+        return scores.softmax(dim=-1)
+    scores = torch.cat([scores, sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:3], 1)], dim=-1)
+    return scores.softmax(dim=-1)[..., :T]

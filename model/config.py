@@ -28,6 +28,24 @@ MOE_SETTINGS = {"n_experts": None, "experts_per_token": None, "expert_d_ff": Non
                 "router_bias_rate": 0.0}
 QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
+WINDOW_PATTERNS = "all, alternate or N:1 (N local layers to one global, e.g. 5:1)"  # model.window_pattern's forms
+
+
+def local_layers(pattern: str, n_layers: int) -> list[bool]:
+    """Which of n_layers blocks a readable model.window_pattern makes local: all of them; alternate: local, global,
+    local, ... (gpt-oss); N:1: N local, then one global, repeated (Gemma 3's 5:1)."""
+    if pattern == "all":
+        return n_layers * [True]
+    local_run = 1 if pattern == "alternate" else int(pattern.split(":")[0])
+    return [layer % (local_run + 1) < local_run for layer in range(n_layers)]
+
+
+def window_pattern_of(local: list[bool]) -> str | None:
+    """local_layers' inverse: the pattern that makes exactly these blocks local, or None where none does."""
+    for pattern in ("all", "alternate", *(f"{n}:1" for n in range(2, len(local) + 1))):
+        if local_layers(pattern, len(local)) == local:
+            return pattern
+    return None
 
 
 def is_number(value) -> bool:
@@ -93,6 +111,11 @@ class ModelConfig:
     router_aux_coef: float = 0.0  # the load-balancing loss's weight (Switch, OLMoE: 0.01)
     router_z_coef: float = 0.0  # the router z-loss's weight (ST-MoE, OLMoE: 0.001)
     router_bias_rate: float = 0.0  # the loss-free balancing bias's step after each optimizer step (DeepSeek-V3)
+    # Sliding-window attention (model/attention.py): the local layers see the last `window` positions, a query's
+    # own included; null is full causal attention in every layer
+    window: int | None = None
+    window_pattern: str = "all"  # which layers are local: all, alternate (gpt-oss: local first) or N:1 (Gemma 3's 5:1)
+    sinks: bool = False  # a learned sink logit per head (gpt-oss): a softmax column that takes weight, gives no value
 
     def __post_init__(self):
         self.validate()
@@ -139,6 +162,11 @@ class ModelConfig:
     def value_dim(self) -> int:
         return self.v_head_dim or self.head_dim
 
+    def layer_window(self, layer: int) -> int | None:
+        """The positions block `layer` attends to: model.window where model.window_pattern makes it local, else None
+        (every earlier position)."""
+        return self.window if self.window is not None and local_layers(self.window_pattern, layer + 1)[layer] else None
+
     @property
     def cache_layout(self) -> tuple[int, int, int]:
         """What one layer's cache holds per token (model/kv_cache.py): (heads, key dims, value dims). MLA's is one
@@ -177,6 +205,7 @@ class ModelConfig:
                 if getattr(self, key) != dense:
                     raise ConfigError(f"model.{key}={getattr(self, key)!r} is a setting of ffn=moe, but "
                                       f"model.ffn={self.ffn}")
+        self.validate_window()
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -243,6 +272,28 @@ class ModelConfig:
             value = getattr(self, key)
             if not (is_number(value) and 0 <= value < math.inf):
                 raise ConfigError(f"model.{key}={value!r} must be a number >= 0")
+
+    def validate_window(self) -> None:
+        window, pattern = self.window, self.window_pattern
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                                   or not 1 <= window < self.context_length):
+            raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
+                              f"{self.context_length}), or null for full attention")
+        forms = pattern.split(":") if isinstance(pattern, str) else []
+        readable = pattern in ("all", "alternate") or (
+            len(forms) == 2 and forms[0].isdigit() and int(forms[0]) >= 1 and forms[1] == "1")
+        if not readable:
+            raise ConfigError(f"model.window_pattern={pattern!r} must be {WINDOW_PATTERNS}")
+        if window is None and pattern != "all":
+            raise ConfigError(f"model.window_pattern={pattern} says which layers are local, but model.window=null "
+                              f"makes none; set model.window")
+        if not isinstance(self.sinks, bool):
+            raise ConfigError(f"model.sinks={self.sinks!r} must be true or false")
+        if self.attention == "mla" and (window is not None or self.sinks):
+            setting = f"model.window={window}" if window is not None else "model.sinks=true"
+            raise ConfigError(f"{setting} with attention=mla: the latent attention here has no band mask or sink "
+                              f"logit (its absorbed decode attends to every cached latent); use attention=gqa, mha "
+                              f"or mqa")
 
     def validate_rope_scaling(self) -> None:
         if self.rope_scaling not in SCALINGS:

@@ -38,6 +38,8 @@ LATENT_NORM_EPS = 1e-6  # DeepSeek-V2/V3's, fixed in their code and in transform
 
 
 class LatentAttention(nn.Module):
+    window = sinks = None  # no local window, no sink logits: ModelConfig refuses them with MLA
+
     def __init__(self, cfg: ModelConfig, rotary: Rotary | None, layer: int):
         super().__init__()
         self.n_heads, self.head_dim, self.value_dim = cfg.n_heads, cfg.head_dim, cfg.value_dim
@@ -110,7 +112,7 @@ class LatentAttention(nn.Module):
         B, T, _ = x.shape
         q, latent = self.project(x, start)
         if cache is not None:  # the cache's key is the latent; its value is the latent's c_kv part, so 0 dims
-            latents, _ = cache.update(self.layer, start, latent, latent[..., :0])
+            latents, _, _ = cache.update(self.layer, start, latent, latent[..., :0])
         if cache is not None and start > 0:  # keys the cache holds: the absorbed form
             y = self.absorbed(q, latents, T)
         else:  # every key is new (training, a prefill): the naive form

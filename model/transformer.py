@@ -97,15 +97,29 @@ class Transformer(nn.Module):
             moe.step_counts.zero_()
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
+        """What each position a full layer holds costs, over every layer (a local layer holds only its window's)."""
         heads, key_dim, value_dim = self.cfg.cache_layout
         return kv_cache_bytes(self.cfg.n_layers, heads, key_dim, seq_len=1, value_dim=value_dim,
                               bytes_per_element=torch.tensor([], dtype=dtype).element_size())
 
-    def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None) -> KVCache:
+    def kv_cache_bytes(self, positions: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
+        """The bytes new_kv_cache(batch, positions) allocates: model/kv_cache.py's formula, windows included."""
+        cfg = self.cfg
+        heads, key_dim, value_dim = cfg.cache_layout
+        local = sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
+        return kv_cache_bytes(cfg.n_layers, heads, key_dim, positions, batch,
+                              torch.tensor([], dtype=dtype).element_size(), value_dim, cfg.window, local)
+
+    def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
+                     sink_tokens: int | None = None) -> KVCache:
+        """A cache of max_len positions (default: the context): local layers roll through their window; with
+        sink_tokens S the full layers stream past max_len (StreamingLLM), keeping their first S positions (S = 0:
+        the window alone)."""
         cfg, param = self.cfg, self.tok_emb.weight
         heads, key_dim, value_dim = cfg.cache_layout
         return KVCache(cfg.n_layers, batch, heads, max_len or cfg.context_length, key_dim, value_dim,
-                       dtype or param.dtype, param.device)
+                       dtype or param.dtype, param.device, [cfg.layer_window(i) for i in range(cfg.n_layers)],
+                       sink_tokens, self.rotary)
 
     def with_rope_scaling(self, scaling: str, factor: float) -> "Transformer":
         """These weights read under another RoPE scaling (model/rope_scaling.py), the original context kept: a new
@@ -133,7 +147,7 @@ class Transformer(nn.Module):
                 last_only: bool = False) -> torch.Tensor:
         """last_only: logits of the last position only, [B, 1, V]: all that generation needs, and the
         LM head over every position is a fifth of a short prompt's FLOPs."""
-        self.fit_positions(cache.max_len if cache is not None else start + tokens.shape[1])
+        self.fit_positions(max(start + tokens.shape[1], cache.max_len if cache is not None else 0))
         x = self.token_signal(tokens)
         if self.abs_pos is not None:
             x = self.abs_pos(x, start)

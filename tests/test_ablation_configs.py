@@ -2,8 +2,8 @@
 hydra.sweeper.params lists in configs/experiment/ablation.yaml builds a model and differs from the
 baseline in exactly the switches it is named for and in its own learning rate, which is the one the
 learning-rate study chose (docs/ablation_lr.json, written by compare.py from `python sweep.py`; the lines added
-after LLaMA in docs/ablation_modern.json and MLA's in docs/ablation_mla.json, each study's own, beside its rerun of
-the baseline)."""
+after LLaMA in docs/ablation_modern.json, MLA's in docs/ablation_mla.json and the mixture of experts' in
+docs/ablation_moe.json, each study's own, beside its rerun of the baseline)."""
 import copy
 import functools
 import itertools
@@ -43,6 +43,13 @@ SWITCHES = {
     # MLA at the baseline's parameters (d_ff gives back what the latent's up-projections add), by its cache's size
     "mla": {"attention": "mla", "n_kv_heads": 8, "kv_rank": 56, "rope_head_dim": 8, "d_ff": 293},  # GQA's cache
     "mla_small": {"attention": "mla", "n_kv_heads": 8, "kv_rank": 24, "rope_head_dim": 8, "d_ff": 325},  # MQA's
+    # experts at the baseline's active FFN (8 of d_e 176, 2 a token), with the router and balance each line names
+    "moe": {"ffn": "moe", "n_experts": 8, "experts_per_token": 2, "router_aux_coef": 0.01, "router_z_coef": 0.001},
+    "moe_sigmoid": {"ffn": "moe", "n_experts": 8, "experts_per_token": 2, "router": "sigmoid",
+                    "router_bias_rate": 0.001},
+    "moe_shared": {"ffn": "moe", "n_experts": 15, "experts_per_token": 3, "expert_d_ff": 88, "n_shared_experts": 1,
+                   "router_aux_coef": 0.01, "router_z_coef": 0.001},
+    "dense_wide": {"d_ff": 1408},  # the MoE's total FFN width, dense
 }
 TRAIN_SWITCHES = {"muon": {"optimizer": "muon"}, "modern": {"optimizer": "muon"}}  # train.* a variant changes
 PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
@@ -96,7 +103,8 @@ ABLATION = sweep_points("ablation")
 STUDY = json.loads((CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text())["variants"]
 AFTER_LLAMA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_modern.json").read_text())["variants"]
 AFTER_GQA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_mla.json").read_text())["variants"]  # MLA's study
-for later in (AFTER_LLAMA, AFTER_GQA):  # the recorded baseline stays; each later study adds its own lines
+AFTER_DENSE = json.loads((CONFIG_DIR.parent / "docs" / "ablation_moe.json").read_text())["variants"]  # MoE's study
+for later in (AFTER_LLAMA, AFTER_GQA, AFTER_DENSE):  # the recorded baseline stays; each later study adds its own lines
     STUDY |= {name: line for name, line in later.items() if name not in STUDY}
 
 
@@ -183,7 +191,7 @@ def test_the_baseline_is_the_model_the_study_ran():
         "tie_embeddings": True, "embedding_scale": "gpt2", "kv_rank": None, "q_rank": None, "rope_head_dim": None,
         "v_head_dim": None, "d_ff": None, "n_experts": None, "experts_per_token": None, "expert_d_ff": None,
         "n_shared_experts": 0, "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
-        "router_bias_rate": 0.0}
+        "router_bias_rate": 0.0, "window": None, "window_pattern": "all", "sinks": False}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
     block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352

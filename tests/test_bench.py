@@ -84,6 +84,7 @@ def test_quick_run_writes_every_figure(tmp_path):
     (["model.n_heads=3"], "error: model.n_heads=3 must divide model.d_model=128"),
     (["train.lr=-1"], "error: train.lr=-1.0 must be a positive number"),
     (["--ablation", "--caches"], "error: --ablation and --caches are separate benches: pass one of them"),
+    (["--caches", "--streaming"], "error: --caches and --streaming are separate benches: pass one of them"),
     (["--long"], "error: --long is a setting of --caches: pass both"),
 ])
 def test_bad_flags_stop_before_measuring(argv, message, capsys):
@@ -183,6 +184,26 @@ def test_caches_mode_decodes_with_each_kind_of_cache_against_gqa(long, tmp_path,
             assert row["cache_bytes"] == sizes[kind] * positions * int(batch.split()[1])
             assert row["weight_bytes"] == 4 * row["num_params"]
             assert f"| {kind} | {row['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | {sizes[kind]:,} |" in printed
+
+
+def test_streaming_mode_generates_past_the_context_three_ways(tmp_path, capsys):
+    """--streaming --quick: 3 contexts of new tokens at batch 1 and 2, sliding, with sink tokens and in a windowed
+    model's cache; the windowed model's cache holds a quarter of the positions in every layer (its window, 8 of the
+    quick context's 32), the other two the whole context."""
+    out = tmp_path / "streaming.json"
+    assert bench.main(["--streaming", "--quick", "--threads", "1", "--repeats", "1", "--json", str(out)]) == 0
+    printed, results = capsys.readouterr().out, json.loads(out.read_text())
+    assert list(results) == ["batch 1", "batch 2"] and all(list(rows) == ["slide", "sinks", "window"]
+                                                           for rows in results.values())
+    for batch, rows in results.items():
+        full = 2 * 2 * 2 * 16 * 32 * int(batch.split()[1]) * 4  # K and V, 2 layers, 2 K/V heads of 16, 32 positions
+        assert [row["cache_bytes"] for row in rows.values()] == [full, full, full // 4]
+        assert rows["slide"]["vs_baseline"] == 1.0
+        for way, row in rows.items():
+            low, high = row["tokens_per_s_range"]
+            assert 0 < low <= row["tokens_per_s"] <= high
+            assert f"| {way} | {row['tokens_per_s']:,.0f} | {low:,.0f} - {high:,.0f} | {row['cache_bytes']:,} |" \
+                in printed
 
 
 def test_long_stretches_the_presets_context_with_yarn_and_fills_it():

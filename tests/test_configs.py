@@ -68,6 +68,32 @@ def test_deepseek_tiny_is_llama_tiny_with_the_studys_mla_at_its_parameters_and_a
     assert (deepseek.train.lr, deepseek.train.min_lr) == (2 * llama.train.lr, 2 * llama.train.min_lr)
 
 
+def test_moe_tiny_is_modern_tiny_with_the_studys_experts_at_llama_tinys_active_parameters():
+    """modern_tiny's QK-norm and Muon, its ReLU² FFN replaced by moe_shared's experts (15 routed of 88, 3 a token, and
+    one shared): the active FFN width is llama_tiny's d_ff, the total four times it, at modern_tiny's peak lr."""
+    llama, modern, moe = (compose_config([f"model={preset}"]) for preset in ("llama_tiny", "modern_tiny", "moe_tiny"))
+    differing = {key for key in modern.model if modern.model[key] != moe.model[key]}
+    assert differing == {"name", "ffn", "n_experts", "experts_per_token", "expert_d_ff", "n_shared_experts",
+                         "router_aux_coef", "router_z_coef"}
+    models = {name: Transformer(model_config(cfg)) for name, cfg in (("llama", llama), ("moe", moe))}
+    width = (moe.model.experts_per_token + moe.model.n_shared_experts) * moe.model.expert_d_ff
+    assert width == models["llama"].cfg.ffn_width == 352
+    routers = 4 * 15 * 128 + 4 * 2 * 32  # the routers and QK-norm's gains: all that is active beyond llama_tiny's
+    assert models["moe"].active_params() == models["llama"].num_params() + routers
+    assert (moe.train.optimizer, moe.train.lr, moe.train.min_lr) == ("muon", modern.train.lr, modern.train.min_lr)
+
+
+def test_gptoss_tiny_is_llama_tiny_with_alternating_windows_sinks_and_experts():
+    """gpt-oss's parts on llama_tiny's sizes: local layers of a quarter-context window first and in turn, a sink logit
+    per head, top-4 of 16 experts whose active width is llama_tiny's d_ff, at llama_tiny's peak lr."""
+    llama, oss = (compose_config([f"model={preset}"]) for preset in ("llama_tiny", "gptoss_tiny"))
+    model = Transformer(model_config(oss))
+    assert [model.cfg.layer_window(i) for i in range(4)] == [32, None, 32, None] and model.cfg.sinks
+    assert model.cfg.experts_per_token * model.cfg.expert_d_ff == Transformer(model_config(llama)).cfg.ffn_width
+    assert (oss.model.router, oss.train.optimizer, oss.train.lr) == ("softmax", "adamw", llama.train.lr)
+    assert model.active_params() == Transformer(model_config(llama)).num_params() + 4 * 16 * 128 + 4 * 4  # routers, sinks
+
+
 @pytest.mark.parametrize("preset, override, expected", [
     ("llama_tiny", "norm=layernorm", MODERN | {"norm": "layernorm"}),
     ("transformer2017_tiny", "position=rope", CLASSIC | {"position": "rope"}),

@@ -120,10 +120,11 @@ def test_one_prefill_fills_the_cache_rows_of_every_sample():
         logits = Engine(model)._prefill(prompts, 3, shared)
         expected = model(prompts.repeat_interleave(3, dim=0), 0, reference, last_only=True)[:, -1]
     torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(shared.k, reference.k, rtol=1e-10, atol=1e-10)
-    torch.testing.assert_close(shared.v, reference.v, rtol=1e-10, atol=1e-10)
-    assert shared.k[:, :, :, 5:].abs().sum() == 0
-    assert not torch.equal(shared.k[:, 0], shared.k[:, 3])  # the two prompts' rows differ
+    for (k, v), (k_ref, v_ref) in zip(shared.layers, reference.layers):
+        torch.testing.assert_close(k, k_ref, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(v, v_ref, rtol=1e-10, atol=1e-10)
+        assert k[:, :, 5:].abs().sum() == 0
+        assert not torch.equal(k[0], k[3])  # the two prompts' rows differ
 
 
 def test_window_slides_when_the_context_is_full():
@@ -339,6 +340,9 @@ def test_stream_prints_multibyte_characters_whole(tokenizer, capsys):
     (["--top-k", "0"], "--top-k=0 must be >= 1"),
     (["--device", "nodevice"], "--device=nodevice is not usable here"),
     (["--compile", "--no-kv-cache"], "--compile compiles the cached decode step; it does nothing with --no-kv-cache"),
+    (["--sink-tokens", "2", "--no-kv-cache"], "--sink-tokens=2 keeps tokens in the KV cache; it does nothing with "
+                                              "--no-kv-cache"),
+    (["--sink-tokens", "-1"], "--sink-tokens=-1 must be an integer in [0, the cache's"),
 ])
 def test_bad_flags_get_one_line_and_exit_2(run_dir, capsys, flags, message):
     code, out, err = run_main(capsys, "--ckpt", run_dir, *flags)

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -274,13 +275,15 @@ def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_con
 
 
 @pytest.mark.parametrize("key, value, named", [
-    ("use_sliding_window", True, "use_sliding_window=True is not supported; this repo's Qwen3 has"),
-    ("layer_types", ["full_attention", "sliding_attention"], "layer_types[1]='sliding_attention' is not supported"),
+    ("layer_types", ["full_attention", "sliding_attention"], "layer_types=['full_attention', 'sliding_attention'] is "
+                                                            "not supported; this repo's local layers are"),
+    ("layer_types", ["chunked_attention", "full_attention"], "layer_types[0]='chunked_attention' is not supported"),
     ("attention_bias", True, "attention_bias=True"),
     ("head_dim", None, "head_dim=128 is not supported")])  # None: absent, so Qwen3Config's own default, 128
 def test_import_refuses_what_qwen3_has_and_this_repo_lacks(tmp_path, tokenizer_file, qwen3_config_json, key, value,
                                                            named):
-    config = {k: v for k, v in (qwen3_config_json | {key: value}).items() if k != key or v is not None}
+    windowed = {"use_sliding_window": True, "sliding_window": 8} if key == "layer_types" else {}
+    config = {k: v for k, v in (qwen3_config_json | windowed | {key: value}).items() if k != key or v is not None}
     with pytest.raises(CheckpointError, match=re.escape(named)) as error:
         load_model(write_hf_dir(tmp_path / "hf", config, tokenizer_file))
     assert "\n" not in str(error.value)
@@ -390,6 +393,63 @@ MOE_FAMILIES = {  # the switches that make each family, and the class transforme
     "qwen3_moe": (dict(qk_norm="rmsnorm", dense_layers=1), "Qwen3MoeForCausalLM"),
     "deepseek_v3": (dict(n_kv_heads=4, kv_rank=16, rope_head_dim=4, router="sigmoid", n_shared_experts=1,
                          dense_layers=1, router_bias_rate=1e-3), "DeepseekV3ForCausalLM")}
+
+
+# a window of 8 over 64 tokens: the switches, the class transformers builds, and the window keys it reads back
+WINDOWED = {
+    "mistral": (dict(window=8), "MistralForCausalLM"),
+    "ministral": (dict(window=8, window_pattern="alternate"), "MinistralForCausalLM"),
+    "qwen3": (dict(window=8, window_pattern="alternate", qk_norm="rmsnorm"), "Qwen3ForCausalLM"),
+    "mixtral": (dict(window=8, ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12), "MixtralForCausalLM"),
+    "qwen3_moe": (dict(window=8, qk_norm="rmsnorm", ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12),
+                  "Qwen3MoeForCausalLM")}
+
+
+@pytest.mark.parametrize("family", WINDOWED)
+def test_a_windowed_model_exports_with_equal_logits_past_the_window_and_back(tmp_path, tokenizer_file, tok, capsys,
+                                                                            family):
+    """Every layer local (Mistral, Mixtral, Qwen3-MoE: sliding_window) or alternating (Ministral, Qwen3:
+    layer_types): the same logits over 64 tokens, 8 windows, and greedy text as transformers, and the directory
+    loads back as the same model."""
+    switches, class_name = WINDOWED[family]
+    model = far_from_init(Transformer(llama_cfg(**switches)))
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
+    assert type(theirs).__name__ == class_name and theirs.config.sliding_window == 8
+    if family in ("ministral", "qwen3"):
+        assert theirs.config.layer_types == ["sliding_attention", "full_attention"]
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys,
+                      MOE_FLOAT64_STEPS if model.cfg.ffn == "moe" else 2 ** -19)
+    with torch.no_grad():  # the window matters here: the same model without it computes other logits
+        full = Transformer(replace(model.cfg, window=None, window_pattern="all"))
+        full.load_state_dict(model.state_dict())
+        tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+        assert (full(tokens) - model(tokens)).abs().max() > 0.1
+    reloaded, _ = load_model(tmp_path / "hf")
+    with torch.no_grad():
+        assert torch.equal(reloaded(tokens), model(tokens))
+    assert (reloaded.cfg.window, reloaded.cfg.window_pattern) == (8, model.cfg.window_pattern)
+
+
+@pytest.mark.parametrize("switches, message", [
+    (dict(sinks=True), "model.sinks=true has no {target} equivalent here: the family with sink logits, gpt-oss"),
+    (dict(window=8, window_pattern="alternate", ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12),
+     "model.window=8 with model.window_pattern=alternate has no {target} Mixtral equivalent"),
+    (dict(window=8, window_pattern="2:1", qk_norm="rmsnorm", ffn="moe", n_experts=4, experts_per_token=2,
+          expert_d_ff=12), "model.window=8 with model.window_pattern=2:1 has no {target} Qwen3-MoE equivalent: its "
+                           "window is in every layer"),
+])
+def test_export_refuses_a_window_or_sinks_the_format_lacks(tmp_path, tokenizer_file, capsys, switches, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
+    for fmt, target in (("transformers", "transformers"), ("gguf", "llama.cpp")):
+        out = tmp_path / f"out.{fmt}"
+        assert run_export("--ckpt", tmp_path / "ckpt", "--format", fmt, "--out", out) == 2
+        assert one_error_line(capsys).startswith(f"error: {message.format(target=target)}")
+        assert not out.exists()
+    save_checkpoint(tmp_path / "windowed", Transformer(llama_cfg(window=8)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "windowed", "--format", "gguf", "--out", tmp_path / "w.gguf") == 2
+    assert one_error_line(capsys).startswith("error: model.window=8 has no llama.cpp export here")
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)

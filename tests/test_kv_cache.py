@@ -18,7 +18,7 @@ LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", 
 @pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)])
 def test_allocated_bytes_equal_the_formula(dtype, size):
     cache = KVCache(n_layers=3, batch=2, heads=2, max_len=10, key_dim=8, dtype=dtype)
-    assert cache.k.shape == cache.v.shape == (3, 2, 2, 10, 8)
+    assert all(k.shape == v.shape == (2, 2, 10, 8) for k, v in cache.layers)
     assert cache.nbytes == kv_cache_bytes(3, 2, 8, 10, batch=2, bytes_per_element=size) == 2 * 3 * 2 * 8 * 10 * 2 * size
 
 
@@ -30,15 +30,16 @@ def test_fewer_kv_heads_shrink_the_cache_by_n_heads_over_n_kv_heads():
 
 def test_update_writes_in_place_and_returns_the_prefix():
     cache = KVCache(n_layers=2, batch=1, heads=2, max_len=6, key_dim=4)
-    storage = cache.k.data_ptr()
+    storage = cache.layers[1][0].data_ptr()
     first = torch.randn(1, 2, 4, 4)
     cache.update(1, 0, first, -first)
     step = torch.randn(1, 2, 1, 4)
-    k, v = cache.update(1, 4, step, -step)
-    assert cache.k.data_ptr() == storage and k.data_ptr() == cache.k[1].data_ptr()  # views, no copy
+    k, v, positions = cache.update(1, 4, step, -step)
+    assert positions is None  # positions 0 .. 4 in order
+    assert cache.layers[1][0].data_ptr() == storage == k.data_ptr()  # views, no copy
     torch.testing.assert_close(k, torch.cat([first, step], dim=2), rtol=0, atol=0)
     torch.testing.assert_close(v, -k, rtol=0, atol=0)
-    assert cache.k[0].abs().sum() == 0  # other layers untouched
+    assert cache.layers[0][0].abs().sum() == 0  # other layers untouched
     with pytest.raises(ValueError, match="KV cache overflow: position 7 > max_len 6"):
         cache.update(1, 5, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
 
@@ -79,6 +80,36 @@ def test_estimator_reads_a_checkpoint(tmp_path):
     assert f"{Transformer(cfg).kv_cache_bytes_per_token(torch.float32):,} bytes per token" in report
 
 
+def test_estimator_counts_a_window_in_the_local_layers_only(tmp_path):
+    """Mistral-7B at 32,768 positions in 4,096-position windows holds an eighth of what full layers would; a
+    transformers config gives its window and local layers as transformers reads them (sliding_window; layer_types
+    where the family writes it; Qwen's only with use_sliding_window, from max_window_layers on), and a windowed
+    checkpoint its own."""
+    mistral = ["--layers", "32", "--kv-heads", "8", "--head-dim", "128", "--seq", "32768"]
+    assert "= 4,294,967,296 bytes" in estimate(mistral)
+    assert "= 536,870,912 bytes" in estimate(mistral + ["--window", "4096"])
+    assert f"= {(8 * 32768 + 24 * 4096) * 2 * 8 * 128 * 2:,} bytes" in estimate(
+        mistral + ["--window", "4096", "--local-layers", "24"])
+    config = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+              "max_position_embeddings": 32768, "model_type": "mistral", "sliding_window": 4096}
+    path = tmp_path / "config.json"
+    for extra, expected in (({}, 536_870_912),
+                            ({"layer_types": 24 * ["sliding_attention"] + 8 * ["full_attention"]},
+                             (8 * 32768 + 24 * 4096) * 2 * 8 * 128 * 2),
+                            ({"model_type": "qwen3"}, 4_294_967_296),  # Qwen's window is off by default
+                            ({"model_type": "qwen3", "use_sliding_window": True},  # from max_window_layers=28 on
+                             (28 * 32768 + 4 * 4096) * 2 * 8 * 128 * 2)):
+        path.write_text(json.dumps(config | extra))
+        assert f"= {expected:,} bytes" in estimate(["--hf-config", str(path)])
+    tokenizer = train_tokenizer([f"line {i} of some text" for i in range(200)], 280, tmp_path / "tokenizer.model")
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=64, n_layers=3, n_heads=4, n_kv_heads=2,
+                      context_length=48, window=8, window_pattern="2:1")
+    save_checkpoint(tmp_path / "run" / "ckpt", Transformer(cfg), tokenizer.model_file)
+    report = estimate(["--ckpt", str(tmp_path / "run"), "--dtype", "fp32"])
+    assert "(1 layers x 48 tokens + 2 local layers x 8 tokens of a 8-token window)" in report
+    assert f"= {Transformer(cfg).new_kv_cache(1).nbytes:,} bytes" in report
+
+
 def test_projection_counts(capsys):
     assert kv_projections(4) == (10, 4)  # the chapter's 1 + 2 + 3 + 4 vs 4
     assert kv_projections(100, prompt_tokens=1) == (5050, 100)
@@ -97,6 +128,14 @@ def test_projection_counts(capsys):
     (["--hf-config", "/nonexistent/config.json"], "--hf-config /nonexistent/config.json: cannot read it"),
     (["--ckpt", "/nonexistent"], "--ckpt /nonexistent: no checkpoint at /nonexistent"),
     (["--ckpt", "a", "--hf-config", "b"], "argument --hf-config: not allowed with argument --ckpt"),
+    (LLAMA2_7B + ["--kv-heads", "8", "--window", "0"], "--window=0 must be a positive integer"),
+    (LLAMA2_7B + ["--kv-heads", "8", "--window", "64", "--local-layers", "33"],
+     "--local-layers=33 must be at most --layers=32"),
+    (LLAMA2_7B + ["--kv-heads", "8", "--local-layers", "-1"], "--local-layers=-1 must be a non-negative integer"),
+    (["--layers", "32", "--kv-rank", "512", "--seq", "64", "--window", "8"],
+     "--window=8 with --kv-rank: this repo's latent attention has no window"),
+    (LLAMA2_7B + ["--kv-heads", "8", "--local-layers", "4"], "--local-layers=4 says how many layers have a window, "
+                                                             "and there is none: give --window"),
 ])
 def test_estimator_bad_input_gets_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2

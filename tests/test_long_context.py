@@ -173,6 +173,26 @@ def test_chunked_and_sliding_score_each_token_once():
     assert counts.sum() == chunked["tokens"] and abs(nats.sum() / counts.sum() / math.log(2) - expected) <= 1e-12
 
 
+def test_streaming_scores_a_windowed_model_as_one_forward_and_a_full_one_past_its_cache():
+    """The streaming mode at 4x the context: a model whose layers are all local reads each position in its rolling
+    cache as one forward over the window reads it (the band), so its per-position nats are chunked's to 1e-10 in
+    float64; a model of full layers with 2 sink tokens matches chunked up to its cache of 32 positions and departs
+    after (it sees fewer tokens), the first positions scored as many times either way."""
+    stream = np.random.default_rng(1).integers(0, VOCAB, 700)
+    windowed = far_from_init(Transformer(llama_cfg(context_length=32, window=8))).double()
+    windowed.fit_positions(128)
+    chunked = position_nats(windowed, stream, 128, "chunked", 0)
+    streamed = position_nats(windowed, stream, 128, "streaming", 0)
+    np.testing.assert_allclose(streamed[0], chunked[0], rtol=1e-10, atol=1e-10)
+    assert (streamed[1] == chunked[1]).all() and chunked[1].sum() == 5 * 128
+    full = far_from_init(Transformer(llama_cfg(context_length=32))).double()
+    full.fit_positions(128)
+    chunked = position_nats(full, stream, 128, "chunked", 0)
+    streamed = position_nats(full, stream, 128, "streaming", 0, sink_tokens=2)
+    np.testing.assert_allclose(streamed[0][:32], chunked[0][:32], rtol=1e-10, atol=1e-10)  # nothing evicted yet
+    assert np.abs(streamed[0][32:] - chunked[0][32:]).min() > 1e-6  # position 32 replaces position 2
+
+
 @pytest.fixture(scope="module")
 def source_run(workdir, tiny):
     run_dir = workdir / "source"
@@ -201,7 +221,27 @@ def test_evaluate_writes_both_modes_per_length_and_a_figure(source_run, tmp_path
     assert yarn["results"][0]["val_bpb"] != result["results"][2]["val_bpb"]
 
 
+def test_evaluate_streams_past_the_context_with_sink_tokens(source_run, tmp_path):
+    """--mode streaming at 4x the context, with 4 sink tokens and with the window alone: each scores every token of
+    its windows, the JSON names the sinks, and past the cache the two differ."""
+    scores = {}
+    for sinks in ("4", "0"):
+        out = tmp_path / f"streaming{sinks}.json"
+        assert evaluate.main(["--ckpt", str(source_run), "--lengths", "128", "--mode", "streaming", "--sink-tokens",
+                              sinks, "--json", str(out), "--max-tokens", "400"]) == 0
+        [result] = json.loads(out.read_text())["results"]
+        assert (result["mode"], result["sink_tokens"], result["tokens"]) == ("streaming", int(sinks), 3 * 128)
+        scores[sinks] = result
+    assert scores["4"]["buckets"][0] == scores["0"]["buckets"][0]  # the prefilled context, the same in both
+    assert scores["4"]["buckets"][-1]["val_bpb"] != scores["0"]["buckets"][-1]["val_bpb"]
+
+
 @pytest.mark.parametrize("args, message", [
+    (["--lengths", "64", "--sink-tokens", "4"], "--sink-tokens=4 is a setting of --mode streaming, not --mode both"),
+    (["--lengths", "64", "--mode", "streaming"], "--mode streaming needs --sink-tokens (0: the window alone) for a "
+                                                 "model with full layers"),
+    (["--lengths", "64", "--mode", "streaming", "--sink-tokens", "32"], "--sink-tokens=32 must be an integer in "
+                                                                        "[0, the cache's 32 positions)"),
     (["--lengths", "1"], "--lengths=1 must be >= 2"),
     (["--lengths", "32,x"], "--lengths=32,x must be integers"),
     (["--lengths", "32", "--rope-scaling", "yarn"], "--rope-scaling and --rope-factor go together"),

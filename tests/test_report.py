@@ -615,4 +615,13 @@ def test_the_page_in_a_browser(browser, several):
     assert browser.find_element("id", "est-bytes").text == "kv_rank must be a positive integer"
     set_fields(browser, cache="heads", layers=32, kv_heads=8, head_dim=128, seq=4096, batch=1, dtype="fp16")
     assert shown(browser) == (kv_cache_bytes(32, 8, 128, 4096, 1, 2), "0.54 GB")  # the latent's fields set aside
+    # Mistral-7B's 32,768 positions in 4,096-position windows: an eighth of the 4.29 GB every layer would hold
+    browser.find_element("xpath", "//button[text()='Mistral-7B']").click()
+    assert shown(browser) == (kv_cache_bytes(32, 8, 128, 32768, 1, 2, window=4096, local_layers=32), "0.54 GB")
+    set_fields(browser, local_layers=24)  # Gemma 3's way: some layers global, holding every position
+    assert shown(browser)[0] == (8 * 32768 + 24 * 4096) * 2 * 8 * 128 * 2
+    set_fields(browser, window=0)  # no window: the local layers are full ones
+    assert shown(browser) == (kv_cache_bytes(32, 8, 128, 32768, 1, 2), "4.29 GB")
+    set_fields(browser, window=4096, local_layers=33)
+    assert browser.find_element("id", "est-bytes").text == "local_layers must be at most layers"
     assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []

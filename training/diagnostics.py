@@ -41,18 +41,21 @@ def position_cosine(h: torch.Tensor) -> float:
     return (total / (T * (T - 1))).mean().item()
 
 
-def normalised_entropy(weights: torch.Tensor) -> torch.Tensor:
+def normalised_entropy(weights: torch.Tensor, window: int | None = None) -> torch.Tensor:
     """weights: [..., T, T] causal attention rows (model.attention.attention_weights) -> [..., T - 1]: the
-    entropy of row t over ln(t + 1), for t >= 1 (row 0 sees one key: entropy 0 of max 0)."""
+    entropy of row t over the log of the keys it sees, ln(t + 1) or ln(window) past a local layer's window, for
+    t >= 1 (row 0 sees one key: entropy 0 of max 0; a window of 1 has rows of one key alike, counted as 0)."""
     T = weights.shape[-1]
     entropy = -(weights * weights.clamp_min(1e-30).log()).sum(dim=-1)[..., 1:]
-    visible = torch.arange(2, T + 1, device=weights.device, dtype=entropy.dtype)
-    return entropy / visible.log()
+    visible = torch.arange(2, T + 1, device=weights.device, dtype=entropy.dtype).clamp_max(window or T)
+    return torch.where(visible > 1, entropy / visible.log(), 0.0)
 
 
-def attention_entropy(q: torch.Tensor, k: torch.Tensor) -> float:
-    """q: [B, H, T, D], k: [B, H_kv, T, D] -> the mean normalised entropy of the causal attention rows."""
-    return normalised_entropy(attention_weights(q, k)).mean().item()
+def attention_entropy(q: torch.Tensor, k: torch.Tensor, window: int | None = None,
+                      sinks: torch.Tensor | None = None) -> float:
+    """q: [B, H, T, D], k: [B, H_kv, T, D] -> the mean normalised entropy of the causal attention rows (a local
+    layer's window and sinks as model.attention.attention_weights takes them)."""
+    return normalised_entropy(attention_weights(q, k, window, sinks), window).mean().item()
 
 
 def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
@@ -69,7 +72,8 @@ def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
         def on_attn(module, inputs, output, i=i):
             records[i]["attn_out"] = rms(output)
             with torch.no_grad():
-                records[i]["attn_entropy"] = attention_entropy(*module.heads(inputs[0])[:2])
+                records[i]["attn_entropy"] = attention_entropy(*module.heads(inputs[0])[:2], module.window,
+                                                                 module.sinks)
 
         def on_ffn(_module, _inputs, output, i=i):
             records[i]["ffn_out"] = rms(output)
