@@ -157,7 +157,7 @@ def check_streaming(model, sink_tokens: int | None) -> None:
         check_sink_tokens(model, sink_tokens, cfg.context_length)
     except SamplingError as e:
         raise UsageError(f"--{e.setting.replace('_', '-')}={e.value} {e.rule}") from None
-    if sink_tokens is None and any(cfg.layer_window(i) is None for i in range(cfg.n_layers)):
+    if sink_tokens is None and cfg.n_local_layers < cfg.n_layers:
         raise UsageError("--mode streaming needs --sink-tokens (0: the window alone) for a model with full layers: "
                          "only a model whose layers are all local streams in its own rolling cache")
     if cfg.rope_scaling == "dynamic":  # with sink tokens check_sink_tokens has refused it

@@ -200,7 +200,7 @@ def estimator(models: list[Transformer], names: list[str]) -> dict:
         cfg = m.cfg
         own = {"name": f"this model: {name}", "layers": cfg.n_layers, "seq": cfg.context_length, "batch": 1,
                "dtype": dtype_of[m.tok_emb.weight.element_size()], "window": cfg.window or 0,
-               "local_layers": sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))}
+               "local_layers": cfg.n_local_layers}
         presets.append(own | ({"cache": "latent", "kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim}
                               if cfg.attention == "mla" else
                               {"cache": "heads", "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}))

@@ -97,7 +97,7 @@ def check_sink_tokens(model: Transformer, sink_tokens: int, context: int) -> Non
     if cfg.attention == "mla":
         raise SamplingError("sink_tokens", sink_tokens, "with attention=mla: its latent cache has no streaming form "
                             "here")
-    if all(cfg.layer_window(i) is not None for i in range(cfg.n_layers)):
+    if cfg.n_local_layers == cfg.n_layers:
         raise SamplingError("sink_tokens", sink_tokens, f"with every layer local (model.window={cfg.window}): their "
                             f"rolling caches stream already, and no full layer would keep sink tokens")
 
@@ -187,8 +187,8 @@ class Engine:
         for the full layers, or every layer local with a window shorter than the context (its own rolling cache);
         and positions that run on the same way at any length (not a learned table, not dynamic NTK's)."""
         cfg = self.model.cfg
-        rolls = self.sink_tokens is not None or all((cfg.layer_window(i) or self.context) < self.context
-                                                    for i in range(cfg.n_layers))
+        rolls = self.sink_tokens is not None or all((window or self.context) < self.context
+                                                    for window in cfg.layer_windows)
         return use_cache and rolls and cfg.position != "learned" and cfg.rope_scaling != "dynamic"
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,

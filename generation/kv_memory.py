@@ -71,9 +71,8 @@ def dims_from_checkpoint(path: str) -> dict:
         raise UsageError(f"--ckpt {path}: {e}") from None
     if cfg.attention == "mla":
         return cache_dims(cfg.n_layers, cfg.context_length, kv_rank=cfg.kv_rank, rope_head_dim=cfg.rope_dim)
-    local = sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
     return cache_dims(cfg.n_layers, cfg.context_length, kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim) | (
-        {"window": cfg.window, "local_layers": local} if cfg.window else {})
+        {"window": cfg.window, "local_layers": cfg.n_local_layers} if cfg.window else {})
 
 
 def cache_dims(layers: int, seq: int | None, **widths: int) -> dict:

@@ -95,10 +95,9 @@ def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict
     of n_heads): MHA at n_heads, MQA at 1, GQA between, each with the model's local layers holding their window;
     and an MLA model's own latent cache (d_c + d_R) beside."""
     counts = [n for n in range(cfg.n_heads, 0, -1) if cfg.n_heads % n == 0]
-    local = sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
     rows = [{"attention": attention_kind(cfg.n_heads, n).upper(), "kv_heads": n,
              "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element,
-                                     window=cfg.window, local_layers=local),
+                                     window=cfg.window, local_layers=cfg.n_local_layers),
              "this_model": cfg.attention != "mla" and n == cfg.n_kv_heads}
             for n in counts]
     if cfg.attention == "mla":

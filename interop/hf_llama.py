@@ -390,8 +390,8 @@ def hf_windows(cfg: ModelConfig, arch: Architecture) -> dict:
         return keys | ({"sliding_window": None} if arch in (MIXTRAL, *USE_SLIDING_WINDOW) else {})
     keys["sliding_window"] = cfg.window
     if arch in LAYER_TYPES:
-        keys["layer_types"] = ["sliding_attention" if cfg.layer_window(i) else "full_attention"
-                               for i in range(cfg.n_layers)]
+        keys["layer_types"] = ["sliding_attention" if window else "full_attention"
+                               for window in cfg.layer_windows]
     return keys
 
 

@@ -104,14 +104,14 @@ def visible_keys(start: int, n_queries: int, n_keys: int, key_positions: torch.T
 
 
 def causal_mask(n_queries: int, n_keys: int, device) -> torch.Tensor | None:
-    """Bool mask for queries that are the last n_queries of n_keys positions, or None where
-    sdpa's own is_causal (n_queries == n_keys) or no mask at all (one query sees every key) is exact."""
-    if n_queries == 1 or n_queries == n_keys:
-        return None
-    offset = n_keys - n_queries
-    keys = torch.arange(n_keys, device=device)
-    queries = torch.arange(offset, n_keys, device=device)
-    return keys[None, :] <= queries[:, None]
+    """last_positions_mask, or None where sdpa's own is_causal (n_queries == n_keys) or no mask at all (one query
+    sees every key) is exact."""
+    return None if n_queries == 1 or n_queries == n_keys else last_positions_mask(n_queries, n_keys, device)
+
+
+def last_positions_mask(n_queries: int, n_keys: int, device) -> torch.Tensor:
+    """[T, S] bool for queries that are the last T of S positions: query i sees keys 0 .. S - T + i."""
+    return torch.ones(n_queries, n_keys, dtype=torch.bool, device=device).tril(n_keys - n_queries)
 
 
 def attend_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -131,7 +131,7 @@ def attend_with_sink(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     # width of D + 1 may rule out the fused kernels (untested here); each decode step also copies the cache's K/V.
     v = F.pad(v, (0, 1, 0, 1))
     if mask is None and T > 1:  # the causal triangle, made explicit: the sink's column breaks is_causal's alignment
-        mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)  # the last T of S positions
+        mask = last_positions_mask(T, S, q.device)
     if mask is not None:
         mask = F.pad(mask, (0, 1), value=True)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale,

@@ -30,7 +30,7 @@ class Block(nn.Module):
         qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
         self.attn = LatentAttention(cfg, rotary, layer) if cfg.attention == "mla" else \
             Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer,
-                      cfg.layer_window(layer), cfg.sinks)
+                      cfg.layer_windows[layer], cfg.sinks)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = MoE(cfg) if cfg.ffn == "moe" and layer >= cfg.dense_layers else \
             FeedForward(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)

@@ -162,10 +162,17 @@ class ModelConfig:
     def value_dim(self) -> int:
         return self.v_head_dim or self.head_dim
 
-    def layer_window(self, layer: int) -> int | None:
-        """The positions block `layer` attends to: model.window where model.window_pattern makes it local, else None
+    @property
+    def layer_windows(self) -> list[int | None]:
+        """The positions each block attends to: model.window where model.window_pattern makes it local, else None
         (every earlier position)."""
-        return self.window if self.window is not None and local_layers(self.window_pattern, layer + 1)[layer] else None
+        if self.window is None:
+            return self.n_layers * [None]
+        return [self.window if local else None for local in local_layers(self.window_pattern, self.n_layers)]
+
+    @property
+    def n_local_layers(self) -> int:
+        return sum(window is not None for window in self.layer_windows)
 
     @property
     def cache_layout(self) -> tuple[int, int, int]:

@@ -69,11 +69,6 @@ class KVCache:
         return self.max_len if rolling is None else sum(rolling)
 
     @property
-    def unbounded(self) -> bool:
-        """Whether it takes positions past max_len: every layer rolls (a window's buffer, or streaming)."""
-        return all(self.rolling)
-
-    @property
     def dtype(self) -> torch.dtype:
         return self.layers[0][0].dtype
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.attention import last_positions_mask
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.norms import RMSNorm
@@ -100,7 +101,7 @@ class LatentAttention(nn.Module):
         q_latent = torch.cat([q_c @ self.k_up.weight.view(H, D, d_c), q_r], dim=-1)  # [q_C W_uk,h, q_R]
         S = latents.shape[2]
         # row (h, t) sees the keys up to query t's position S - T + t; one new query sees every key
-        visible = None if T == 1 else torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T).repeat(H, 1)
+        visible = None if T == 1 else last_positions_mask(T, S, q.device).repeat(H, 1)
         # the weights applied to the latents themselves, whole (their c_kv part, a strided slice, would be copied
         # at every step), then c_kv's d_c columns kept: [B, 1, H T, d_c + d_R] -> [B, H, T, d_c]
         y_latent = F.scaled_dot_product_attention(q_latent.reshape(B, 1, H * T, -1), latents, latents,

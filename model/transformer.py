@@ -106,9 +106,8 @@ class Transformer(nn.Module):
         """The bytes new_kv_cache(batch, positions) allocates: model/kv_cache.py's formula, windows included."""
         cfg = self.cfg
         heads, key_dim, value_dim = cfg.cache_layout
-        local = sum(cfg.layer_window(i) is not None for i in range(cfg.n_layers))
         return kv_cache_bytes(cfg.n_layers, heads, key_dim, positions, batch,
-                              torch.tensor([], dtype=dtype).element_size(), value_dim, cfg.window, local)
+                              torch.tensor([], dtype=dtype).element_size(), value_dim, cfg.window, cfg.n_local_layers)
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                      sink_tokens: int | None = None) -> KVCache:
@@ -118,7 +117,7 @@ class Transformer(nn.Module):
         cfg, param = self.cfg, self.tok_emb.weight
         heads, key_dim, value_dim = cfg.cache_layout
         return KVCache(cfg.n_layers, batch, heads, max_len or cfg.context_length, key_dim, value_dim,
-                       dtype or param.dtype, param.device, [cfg.layer_window(i) for i in range(cfg.n_layers)],
+                       dtype or param.dtype, param.device, cfg.layer_windows,
                        sink_tokens, self.rotary)
 
     def with_rope_scaling(self, scaling: str, factor: float) -> "Transformer":

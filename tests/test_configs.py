@@ -88,10 +88,11 @@ def test_gptoss_tiny_is_llama_tiny_with_alternating_windows_sinks_and_experts():
     per head, top-4 of 16 experts whose active width is llama_tiny's d_ff, at llama_tiny's peak lr."""
     llama, oss = (compose_config([f"model={preset}"]) for preset in ("llama_tiny", "gptoss_tiny"))
     model = Transformer(model_config(oss))
-    assert [model.cfg.layer_window(i) for i in range(4)] == [32, None, 32, None] and model.cfg.sinks
+    assert model.cfg.layer_windows == [32, None, 32, None] and model.cfg.sinks
     assert model.cfg.experts_per_token * model.cfg.expert_d_ff == Transformer(model_config(llama)).cfg.ffn_width
     assert (oss.model.router, oss.train.optimizer, oss.train.lr) == ("softmax", "adamw", llama.train.lr)
-    assert model.active_params() == Transformer(model_config(llama)).num_params() + 4 * 16 * 128 + 4 * 4  # routers, sinks
+    routers_and_sinks = 4 * 16 * 128 + 4 * 4
+    assert model.active_params() == Transformer(model_config(llama)).num_params() + routers_and_sinks
 
 
 @pytest.mark.parametrize("preset, override, expected", [
