@@ -54,7 +54,8 @@ from training.run_lock import dir_lock
 ROOT = Path(__file__).resolve().parent
 VARIANTS = ("baseline", "layernorm", "postnorm", "sinusoidal", "mha", "relu", "transformer2017",
             "learned", "nope", "sinusoidal2017", "postnorm2017", "mqa", "qknorm", "relu2", "muon", "modern", "mla",
-            "mla_small", "moe", "moe_sigmoid", "moe_shared", "dense_wide")
+            "mla_small", "moe", "moe_sigmoid", "moe_shared", "dense_wide", "window", "window_3to1",
+            "window_alternate", "window_sinks", "window_alternate_sinks", "sinks")
 PROBE = ("baseline", "postnorm")  # Pre-Norm and Post-Norm, with and without warm-up (Xiong et al. 2020)
 GRID = (2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # x2 steps, 64x in all
 # Where a study's runs go: set by launch(), so the overrides after -- may not
