@@ -2,8 +2,9 @@
 hydra.sweeper.params lists in configs/experiment/ablation.yaml builds a model and differs from the
 baseline in exactly the switches it is named for and in its own learning rate, which is the one the
 learning-rate study chose (docs/ablation_lr.json, written by compare.py from `python sweep.py`; the lines added
-after LLaMA in docs/ablation_modern.json, MLA's in docs/ablation_mla.json and the mixture of experts' in
-docs/ablation_moe.json, each study's own, beside its rerun of the baseline)."""
+after LLaMA in docs/ablation_modern.json, MLA's in docs/ablation_mla.json, the mixture of experts' in
+docs/ablation_moe.json and the windows' in docs/ablation_window.json, each study's own, beside its rerun of the
+baseline)."""
 import copy
 import functools
 import itertools
@@ -50,6 +51,13 @@ SWITCHES = {
     "moe_shared": {"ffn": "moe", "n_experts": 15, "experts_per_token": 3, "expert_d_ff": 88, "n_shared_experts": 1,
                    "router_aux_coef": 0.01, "router_z_coef": 0.001},
     "dense_wide": {"d_ff": 1408},  # the MoE's total FFN width, dense
+    # a window of a quarter of the context (32 of 128) in the layers each pattern makes local, with gpt-oss's sinks
+    "window": {"window": 32},
+    "window_3to1": {"window": 32, "window_pattern": "3:1"},
+    "window_alternate": {"window": 32, "window_pattern": "alternate"},
+    "window_sinks": {"window": 32, "sinks": True},
+    "window_alternate_sinks": {"window": 32, "window_pattern": "alternate", "sinks": True},
+    "sinks": {"sinks": True},
 }
 TRAIN_SWITCHES = {"muon": {"optimizer": "muon"}, "modern": {"optimizer": "muon"}}  # train.* a variant changes
 PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
@@ -104,7 +112,8 @@ STUDY = json.loads((CONFIG_DIR.parent / "docs" / "ablation_lr.json").read_text()
 AFTER_LLAMA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_modern.json").read_text())["variants"]
 AFTER_GQA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_mla.json").read_text())["variants"]  # MLA's study
 AFTER_DENSE = json.loads((CONFIG_DIR.parent / "docs" / "ablation_moe.json").read_text())["variants"]  # MoE's study
-for later in (AFTER_LLAMA, AFTER_GQA, AFTER_DENSE):  # the recorded baseline stays; each later study adds its own lines
+WINDOWS = json.loads((CONFIG_DIR.parent / "docs" / "ablation_window.json").read_text())["variants"]  # windows' study
+for later in (AFTER_LLAMA, AFTER_GQA, AFTER_DENSE, WINDOWS):  # the recorded baseline stays; each later study adds its own lines
     STUDY |= {name: line for name, line in later.items() if name not in STUDY}
 
 
