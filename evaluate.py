@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from cli import Parser
 from errors import ConfigError, UsageError
-from generation.engine import SamplingError, check_sink_tokens
+from generation.engine import DYNAMIC_NTK_STREAMS, SamplingError, check_sink_tokens
 from generation.memory import memory_shortfall
 from insight.figures import loss_by_position, png
 from insight.lengths import MODES, run_config, run_val_split, score, window_count
@@ -161,8 +161,7 @@ def check_streaming(model, sink_tokens: int | None) -> None:
         raise UsageError("--mode streaming needs --sink-tokens (0: the window alone) for a model with full layers: "
                          "only a model whose layers are all local streams in its own rolling cache")
     if cfg.rope_scaling == "dynamic":  # with sink tokens check_sink_tokens has refused it
-        raise UsageError("--mode streaming with model.rope_scaling=dynamic: its frequencies change with the "
-                         "sequence's length, which a stream does not have")
+        raise UsageError(f"--mode streaming with model.rope_scaling=dynamic: {DYNAMIC_NTK_STREAMS}")
 
 
 def checked_window_count(args, n_stream: int, n_val: int, train: DictConfig, length: int, mode: str) -> int:

@@ -76,6 +76,9 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise SamplingError("top_p", top_p, "must be in (0, 1]")
 
 
+DYNAMIC_NTK_STREAMS = "its frequencies change with the sequence's length, which a stream does not have"
+
+
 def check_sink_tokens(model: Transformer, sink_tokens: int, context: int) -> None:
     """StreamingLLM's sink tokens, against the cache they are kept in and the model: SamplingError where they cannot
     be. They need positions that are relative (RoPE's rotations, which the cache turns on, or none at all) and
@@ -91,9 +94,8 @@ def check_sink_tokens(model: Transformer, sink_tokens: int, context: int) -> Non
                             f"allow and a table added to the embeddings does not")
     if cfg.rope_scaling == "dynamic" or (sink_tokens and cfg.rope_scaling == "yarn"):
         raise SamplingError("sink_tokens", sink_tokens, f"with model.rope_scaling={cfg.rope_scaling}: " + (
-            "its frequencies change with the sequence's length, which a stream does not have" if cfg.rope_scaling ==
-            "dynamic" else "the sinks are rotated on by composing RoPE's rotations, which YaRN's attention factor "
-                           "on cos and sin would scale again at each step"))
+            DYNAMIC_NTK_STREAMS if cfg.rope_scaling == "dynamic" else "the sinks are rotated on by composing RoPE's "
+            "rotations, which YaRN's attention factor on cos and sin would scale again at each step"))
     if cfg.attention == "mla":
         raise SamplingError("sink_tokens", sink_tokens, "with attention=mla: its latent cache has no streaming form "
                             "here")

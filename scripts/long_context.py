@@ -82,14 +82,16 @@ def evaluations(out: Path) -> list[tuple[str, int, Path, list[str]]]:
     return jobs
 
 
-def evaluate_all(out: Path) -> list[dict]:
-    """Every evaluation's JSON (kept from an earlier call where it exists), one row per length and mode."""
+def evaluate_all(eval_dir: Path, jobs: list[tuple[str, int, Path, list[str]]],
+                 max_tokens: int = MAX_TOKENS) -> list[dict]:
+    """Every evaluation's JSON in eval_dir (kept from an earlier call where it exists), one row per length and mode;
+    jobs as evaluations() gives them, each scoring the val split's first max_tokens."""
     rows = []
-    for row, seed, ckpt, flags in evaluations(out):
-        file = out / "eval" / f"{row}-seed{seed}-{'-'.join(flags[1::2][:2])}.json"
+    for row, seed, ckpt, flags in jobs:
+        file = eval_dir / f"{row}-seed{seed}-{'-'.join(flags[1::2][:2])}.json"
         if not file.exists():
-            file.parent.mkdir(exist_ok=True)
-            if evaluate.main(["--ckpt", str(ckpt), *flags, "--max-tokens", str(MAX_TOKENS), "--json", str(file),
+            file.parent.mkdir(parents=True, exist_ok=True)
+            if evaluate.main(["--ckpt", str(ckpt), *flags, "--max-tokens", str(max_tokens), "--json", str(file),
                               "--plot", str(file.with_suffix(".png"))]):
                 raise SystemExit(f"evaluate.py failed on {ckpt}")
         result = json.loads(file.read_text())
@@ -182,7 +184,7 @@ def main(argv=None) -> None:
                    "pretrain", done)
             launch([finetune_run(out, method, seed) for method in FINETUNES for seed in SEEDS], out,
                    args.overrides, "finetune", done)
-            rows = evaluate_all(out)
+            rows = evaluate_all(out / "eval", evaluations(out))
         cells = table(rows)
         print("| row | length | chunked | sliding |\n|---|---:|---:|---:|")
         for row, length in dict.fromkeys((c["row"], c["length"]) for c in cells):

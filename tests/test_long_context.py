@@ -29,6 +29,7 @@ from model.config import ModelConfig
 from model.positions import PositionsError, Rotary, sinusoidal_table
 from model.rope_scaling import ntk_base
 from model.transformer import Transformer
+from scripts import window_lengths
 from storage.checkpoint import save_checkpoint
 from training.evaluate import next_token_loss
 from weights import far_from_init
@@ -234,6 +235,45 @@ def test_evaluate_streams_past_the_context_with_sink_tokens(source_run, tmp_path
         scores[sinks] = result
     assert scores["4"]["buckets"][0] == scores["0"]["buckets"][0]  # the prefilled context, the same in both
     assert scores["4"]["buckets"][-1]["val_bpb"] != scores["0"]["buckets"][-1]["val_bpb"]
+
+
+def test_the_window_studys_lengths_pair_each_run_with_itself_and_resume(source_run, workdir, tiny, tmp_path,
+                                                                        monkeypatch):
+    """scripts/window_lengths.py on a study of two lines (the full source run; a twin whose one layer is local)
+    at their best lr, seeds 0-2: 1x-8x chunked and sliding for both, streamed at 8x with 0 and 4 sink tokens for
+    the full line and in its own rolling cache for the local one; each cost is the row's bpb less its run's chunked
+    bpb at 1x. A second call reads the kept JSONs and scores nothing."""
+    windowed = workdir / "windowed"
+    if not (windowed / "summary.json").exists():
+        assert run_train(windowed, *tiny, "model.window=8").returncode == 0
+    study = tmp_path / "study"
+    (study / "best_lr.json").parent.mkdir()
+    (study / "best_lr.json").write_text(json.dumps({"full": 0.004, "local": 0.002}))
+    for line, lr, run in (("full", "0.004", source_run), ("local", "0.002", windowed)):
+        for seed in range(3):
+            (study / line / f"lr{lr}").mkdir(parents=True, exist_ok=True)
+            (study / line / f"lr{lr}" / f"seed{seed}").symlink_to(run)
+    out = tmp_path / "lengths.json"
+    window_lengths.main([str(study), "--json", str(out), "--max-tokens", "600"])
+    result = json.loads(out.read_text())
+    kinds = {(r["row"], r["length"], r["mode"], r["sink_tokens"]) for r in result["rows"]}
+    assert kinds == {(line, n, mode, None) for line in ("full", "local") for n in (32, 64, 128, 256)
+                     for mode in ("chunked", "sliding")} | {("full+stream0", 256, "streaming", 0),
+                                                            ("full+stream4", 256, "streaming", 4),
+                                                            ("local+stream", 256, "streaming", None)}
+    assert len(result["rows"]) == 3 * len(kinds)
+    bpb = {(r["row"], r["length"], r["mode"], r["seed"]): r["val_bpb"] for r in result["rows"]}
+    cost = {(c["row"], c["length"], c["mode"]): c for c in result["cost"]}
+    assert cost["full+stream4", 256, "streaming"]["mean"] == pytest.approx(
+        bpb["full+stream4", 256, "streaming", 0] - bpb["full", 32, "chunked", 0], abs=1e-12)
+    assert cost["local", 256, "sliding"]["mean"] == pytest.approx(
+        bpb["local", 256, "sliding", 1] - bpb["local", 32, "chunked", 1], abs=1e-12)
+    assert cost["full", 32, "chunked"] == {"row": "full", "length": 32, "mode": "chunked", "mean": 0.0, "std": 0.0}
+    assert bpb["local", 256, "chunked", 0] != bpb["full", 256, "chunked", 0]  # the window is read from the run
+    monkeypatch.setattr(evaluate, "main", lambda argv: pytest.fail(f"scored again: {argv}"))
+    again = tmp_path / "again.json"
+    window_lengths.main([str(study), "--json", str(again), "--max-tokens", "600"])
+    assert json.loads(again.read_text()) == result
 
 
 @pytest.mark.parametrize("args, message", [
