@@ -83,7 +83,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.generation.streamers import BaseStreamer
@@ -93,7 +93,7 @@ from errors import UsageError
 from generation.engine import Engine, compiled_decoder
 from interop.hf_llama import hf_config, hf_state_dict
 from model import ModelConfig, Transformer
-from settings import compose_config
+from settings import CONFIG_DIR, compose_config
 from storage.files import atomic_write, write_json
 from training.config import autocast_for, check_train_config, model_config
 from training.evaluate import next_token_loss
@@ -333,9 +333,13 @@ def train_flops_per_token(model: Transformer) -> int:
 # ---------------------------------------------------------------- the ablation's variants
 
 def ablation_peers(sizes: Sizes, device: Device) -> dict[str, Peer]:
-    """Every ablation variant, as `python train.py <overrides> +experiment=ablation ablation=X` builds it."""
+    """Every ablation variant, as `python train.py <overrides> +experiment=ablation ablation=X` builds it. A context
+    the window lines' window would not cut (--quick's 32) is doubled past it for every variant, so that all build."""
     from sweep import VARIANTS
-    return {variant: our_peer(sizes.compose("+experiment=ablation", f"ablation={variant}"), device)
+    window = OmegaConf.load(CONFIG_DIR / "ablation" / "window.yaml").model.window
+    context = sizes.compose("+experiment=ablation").model.context_length
+    room = [f"model.context_length={2 * window}"] if context <= window else []
+    return {variant: our_peer(sizes.compose("+experiment=ablation", f"ablation={variant}", *room), device)
             for variant in VARIANTS}
 
 

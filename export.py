@@ -1,5 +1,6 @@
 """Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory or a llama.cpp GGUF file
-(with model.qk_norm=rmsnorm: Qwen3ForCausalLM, GGUF architecture qwen3).
+(with model.qk_norm=rmsnorm: Qwen3ForCausalLM, GGUF architecture qwen3; the other families interop/hf_llama.py
+maps, e.g. Mistral for a window, Mixtral for experts, gpt-oss for sink logits, transformers only).
 
     python export.py --ckpt outputs/<date>/<time> --out llama_hf [--force]
     python export.py --ckpt outputs/<date>/<time> --format gguf --out model.gguf [--dtype f32|f16|q8_0] [--force]

@@ -275,6 +275,9 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     Qwen3-MoE or DeepSeek-V3 with experts, that llama.cpp runs. Returns notes for the user."""
     cfg = model.cfg
     check_exportable(cfg, "llama.cpp")
+    if cfg.sinks:
+        raise InteropError("model.sinks=true has no llama.cpp export here: this exporter writes llama.cpp's llama, "
+                           "qwen3 and MoE graphs, which have no sink logits (the transformers export writes gpt-oss)")
     if cfg.window is not None:
         raise InteropError(f"model.window={cfg.window} has no llama.cpp export here: its llama, qwen3 and qwen3moe "
                            f"graphs attend to every earlier position")

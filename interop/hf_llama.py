@@ -1,6 +1,6 @@
 """The one mapping between this repo's LLaMA and transformers' LlamaForCausalLM (Qwen3ForCausalLM with QK-norm,
 DeepseekV3ForCausalLM with multi-head latent attention, MixtralForCausalLM and Qwen3MoeForCausalLM with a mixture of
-experts): config, weights, tokenizer.
+experts, Mistral and Ministral with sliding windows, GptOssForCausalLM with sink logits): config, weights, tokenizer.
 
 model.qk_norm picks the architecture: none is LLaMA; rmsnorm is Qwen3, which is LLaMA plus an RMSNorm over each q and
 k head after the projections and before RoPE, with one gain of D dims per layer shared by the heads and eps
@@ -45,6 +45,14 @@ projections w1, w3, w2):
                                                    [d, d_e] (moe_layout transposes each)
     blocks.i.ffn.shared.w_in/w_out                 mlp.shared_experts.{gate,up,down}_proj.weight (DeepseekV3)
     blocks.i.ffn.bias               [E]            mlp.gate.e_score_correction_bias (DeepseekV3)
+
+model.sinks=true is gpt-oss (GPT_OSS: its experts compute ours under fixed settings and biases), dense or MoE:
+
+    blocks.i.attn.sinks             [H]            model.layers.i.self_attn.sinks
+    blocks.i.ffn.router.weight      [E, d]         mlp.router.weight (a dense SwiGLU: one expert, zeros [1, d])
+    experts_in [E 2d_e, d], experts_out [E d_e, d]  mlp.experts.gate_up_proj [E, d, 2d_e] (W1_e's columns at the
+    (a dense SwiGLU: w_in, w_out, E = 1)             even places, W3_e's at the odd), down_proj [E, d_e, d]
+    (none)                                          mlp.experts.{gate_up,down}_proj_bias, mlp.router.bias (gpt_oss_ffn)
 
 DeepSeek rotates interleaved pairs (x_2i, x_2i+1) (rope_interleave, written true as DeepSeek's checkpoints have
 it), this repo half-split ones (x_i, x_i+d_R/2): the rows that make each RoPE part (q_up's per head, kv_down's
@@ -100,6 +108,7 @@ class Architecture:
     fixed: dict  # config.json keys with the one value this repo's model has: written on export, checked on import
     default_head_dim: int | None  # transformers' head dim when config.json has none (None: hidden / heads)
     experts: Experts | None = None  # an MoE family's (ffn=moe)
+    absent: dict | None = None  # what transformers reads for a `fixed` key config.json leaves out, where not ours
 
 
 LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
@@ -134,21 +143,37 @@ DEEPSEEK_V3_MOE = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausal
                                 "routed_scaling_factor": 1.0, "norm_topk_prob": True}, None,
                                Experts("mlp", *GATED_PROJECTIONS, "n_routed_experts", "moe_intermediate_size",
                                        "shared_experts"))
+# gpt-oss (model.sinks): LLaMA's attention with a sink logit per head, and experts under the softmax router (top-k,
+# then a softmax over the k: our renormalised gates) in every block; a dense SwiGLU is one expert, always chosen.
+# Its experts' SwiGLU is (up + 1) * gate * sigmoid(alpha * gate), gate and up clamped at swiglu_limit, with biases:
+# ours is theirs at alpha 1, a limit no float32 reaches, up's bias -1 and every other bias 0 (gpt_oss_ffn).
+FLOAT32_MAX = torch.finfo(torch.float32).max
+GPT_OSS_FIXED = {"hidden_act": "silu", "attention_bias": False, "swiglu_alpha": 1.0, "swiglu_limit": FLOAT32_MAX}
+GPT_OSS_ABSENT = {"attention_bias": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # GptOssConfig's defaults
+GPT_OSS = Architecture("gpt-oss", "gpt_oss", "GptOssForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none", "sinks": True},
+                       GPT_OSS_FIXED, None, absent=GPT_OSS_ABSENT)
+GPT_OSS_MOE = Architecture("gpt-oss", "gpt_oss", "GptOssForCausalLM",
+                           MOE_SWITCHES | {"qk_norm": "none", "sinks": True, "dense_layers": 0}, GPT_OSS_FIXED, None,
+                           absent=GPT_OSS_ABSENT)
 # model.qk_norm -> its architecture, dense and with experts
 ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}
 MOE_ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (MIXTRAL, QWEN3_MOE)}
-# config.json's model_type -> its architecture (DeepseekV3's with experts where first_k_dense_replace < layers)
-BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, MISTRAL, MINISTRAL, QWEN3, DEEPSEEK_V3, MIXTRAL, QWEN3_MOE)}
+# config.json's model_type -> its architecture (DeepseekV3's with experts where first_k_dense_replace < layers,
+# gpt-oss's where a block has more than one expert)
+BY_MODEL_TYPE = {arch.model_type: arch for arch in (LLAMA, MISTRAL, MINISTRAL, QWEN3, DEEPSEEK_V3, MIXTRAL, QWEN3_MOE,
+                                                    GPT_OSS)}
 # the families whose config.json says which layers are local (layer_types), and those with a window in every layer
-LAYER_TYPES = (MINISTRAL, QWEN3)
+LAYER_TYPES = (MINISTRAL, QWEN3, GPT_OSS, GPT_OSS_MOE)
 EVERY_LAYER_WINDOW = (MISTRAL, MIXTRAL, QWEN3_MOE)
 USE_SLIDING_WINDOW = (QWEN3, QWEN3_MOE)  # theirs is off unless use_sliding_window says so (hf_layer_types)
 
 
 def architecture_of(cfg: ModelConfig) -> Architecture:
     """The transformers architecture a model's attention, FFN, router and QK-norm make it, if its other switches are
-    LLaMA's: DeepseekV3 for MLA (with the sigmoid router's experts or dense), else the softmax router's families
-    for an MoE, else LLaMA or Qwen3."""
+    LLaMA's: gpt-oss for sink logits, DeepseekV3 for MLA (with the sigmoid router's experts or dense), else the
+    softmax router's families for an MoE, else LLaMA or Qwen3."""
+    if cfg.sinks:
+        return GPT_OSS_MOE if cfg.ffn == "moe" else GPT_OSS
     if cfg.attention == "mla" or cfg.ffn == "moe" and cfg.router == "sigmoid":
         return DEEPSEEK_V3_MOE if cfg.ffn == "moe" else DEEPSEEK_V3
     arch = (MOE_ARCHITECTURES if cfg.ffn == "moe" and cfg.router == "softmax" else ARCHITECTURES)[cfg.qk_norm]
@@ -192,8 +217,13 @@ def _weight_names(model: Transformer) -> dict[str, list[tuple[str, int]]]:
             names[ours + "attn.qk_norm.q_norm.weight"] = [(theirs + "self_attn.q_norm.weight", D)]
             names[ours + "attn.qk_norm.k_norm.weight"] = [(theirs + "self_attn.k_norm.weight", D)]
         names[ours + "attn.out.weight"] = [(theirs + "self_attn.o_proj.weight", cfg.d_model)]
+        if cfg.sinks:
+            names[ours + "attn.sinks"] = [(theirs + "self_attn.sinks", cfg.n_heads)]
         names[ours + "ffn_norm.weight"] = [(theirs + "post_attention_layernorm.weight", cfg.d_model)]
-        if i in model.moe_layers():
+        if cfg.sinks:  # gpt-oss: its fused experts are gpt_oss_ffn's; the router is a plain matrix
+            if i in model.moe_layers():
+                names[ours + "ffn.router.weight"] = [(theirs + "mlp.router.weight", cfg.n_experts)]
+        elif i in model.moe_layers():
             names |= _expert_names(block.ffn, architecture_of(cfg).experts, ours + "ffn.", theirs, cfg.d_model)
         else:
             names |= _dense_ffn_names(block.ffn, ours + "ffn.", theirs + "mlp.", cfg.d_model)
@@ -222,6 +252,67 @@ def _expert_names(moe: MoE, experts: Experts, ours: str, theirs: str, d_model: i
         if moe.shared is not None:
             names |= _dense_ffn_names(moe.shared, ours + "shared.", f"{block}{experts.shared}.", d_model)
     return names
+
+
+def swiglu_matrices(ffn: FeedForward | MoE) -> tuple[torch.Tensor, torch.Tensor]:
+    """A SwiGLU's or an MoE block's experts' weights, as E experts (E = 1 for a dense SwiGLU): ([E, 2, d_e, d]:
+    W1_e^T and W3_e^T, nn.Linear's rows), [E, d_e, d]: W2_e as x W2_e reads it)."""
+    if isinstance(ffn, MoE):
+        return (ffn.experts_in.weight.view(ffn.n_experts, 2, ffn.expert_d_ff, -1),
+                ffn.experts_out.weight.view(ffn.n_experts, ffn.expert_d_ff, -1))
+    return ffn.w_in.weight.view(1, 2, ffn.w_out.weight.shape[1], -1), ffn.w_out.weight.t().unsqueeze(0)
+
+
+def gpt_oss_biases(experts: int, width: int, d_model: int) -> dict[str, torch.Tensor]:
+    """gpt-oss's FFN biases under which its experts compute ours (GPT_OSS_FIXED): up's -1, every other 0."""
+    return {"experts.gate_up_proj_bias": torch.stack([torch.zeros(experts, width), -torch.ones(experts, width)],
+                                                     dim=-1).flatten(1),  # gate, up, gate, up, ...
+            "experts.down_proj_bias": torch.zeros(experts, d_model), "router.bias": torch.zeros(experts)}
+
+
+def gpt_oss_ffn(model: Transformer) -> dict[str, torch.Tensor]:
+    """Every block's FFN as gpt-oss holds it, under model.layers.i.mlp.: gate_up_proj [E, d, 2 d_e] (x W: W1_e's
+    columns at the even places, W3_e's at the odd ones), down_proj [E, d_e, d] and gpt_oss_biases; a dense SwiGLU
+    is one expert, its router [1, d] zeros (a softmax over one logit is 1)."""
+    out = {}
+    for i, block in enumerate(model.blocks):
+        theirs = f"model.layers.{i}.mlp."
+        gate_up, down = (m.detach().cpu() for m in swiglu_matrices(block.ffn))
+        experts, _, width, d = gate_up.shape
+        out[theirs + "experts.gate_up_proj"] = gate_up.permute(0, 3, 2, 1).reshape(experts, d, 2 * width).contiguous()
+        out[theirs + "experts.down_proj"] = down.contiguous()
+        out |= {theirs + name: bias for name, bias in gpt_oss_biases(experts, width, d).items()}
+        if not isinstance(block.ffn, MoE):
+            out[theirs + "router.weight"] = torch.zeros(1, d)
+    return out
+
+
+def gpt_oss_ffn_back(model: Transformer, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """gpt_oss_ffn's inverse: each block's FFN weights under this repo's names, from transformers' tensors whose
+    shapes load_hf_state_dict has not checked yet; an InteropError for biases other than gpt_oss_biases' (a gpt-oss
+    trained elsewhere)."""
+    state = {}
+    for i, block in enumerate(model.blocks):
+        theirs, ours = f"model.layers.{i}.mlp.", f"blocks.{i}.ffn."
+        gate_up, down = swiglu_matrices(block.ffn)
+        experts, _, width, d = gate_up.shape
+        for name, bias in gpt_oss_biases(experts, width, d).items():
+            if not torch.equal(hf_state[theirs + name].to(bias.dtype), bias):
+                raise InteropError(f"{theirs + name} is not supported: this repo's experts have no biases (the "
+                                   f"ones it exports: 0, and -1 on up, which the SwiGLU's (up + 1) cancels)")
+        fused = hf_state[theirs + "experts.gate_up_proj"]
+        if fused.shape != (experts, d, 2 * width) or hf_state[theirs + "experts.down_proj"].shape != down.shape:
+            raise InteropError(f"weights do not match config.json: {theirs}experts make "
+                               f"{list(fused.shape)} and {list(hf_state[theirs + 'experts.down_proj'].shape)}, the "
+                               f"config implies {[experts, d, 2 * width]} and {list(down.shape)}")
+        rows = fused.view(experts, d, width, 2).permute(0, 3, 2, 1)
+        if isinstance(block.ffn, MoE):
+            state[ours + "experts_in.weight"] = rows.reshape(-1, d)
+            state[ours + "experts_out.weight"] = hf_state[theirs + "experts.down_proj"].reshape(-1, d)
+        else:
+            state[ours + "w_in.weight"] = rows.reshape(-1, d)
+            state[ours + "w_out.weight"] = hf_state[theirs + "experts.down_proj"][0].t()
+    return state
 
 
 def moe_layout(state: dict[str, torch.Tensor], model: Transformer, to_hf: bool = True) -> dict:
@@ -306,10 +397,6 @@ def check_exportable(cfg: ModelConfig, target: str) -> Architecture:
     if refused:
         raise InteropError(f"no {target} {arch.name} equivalent for {', '.join(refused)} "
                            f"({arch.name} is {', '.join(f'model.{k}={v}' for k, v in arch.switches.items())})")
-    if cfg.sinks:
-        raise InteropError(f"model.sinks=true has no {target} equivalent here: the family with sink logits, gpt-oss, "
-                           f"also has biases in its attention and experts and a clamped SwiGLU, which this repo's "
-                           f"models lack")
     if cfg.window is not None and arch in EVERY_LAYER_WINDOW and cfg.window_pattern != "all":
         raise InteropError(f"model.window={cfg.window} with model.window_pattern={cfg.window_pattern} has no {target} "
                            f"{arch.name} equivalent: its window is in every layer (model.window_pattern=all)")
@@ -387,6 +474,9 @@ def hf_windows(cfg: ModelConfig, arch: Architecture) -> dict:
     if arch in USE_SLIDING_WINDOW:
         keys["use_sliding_window"] = cfg.window is not None
     if cfg.window is None:
+        if arch in (GPT_OSS, GPT_OSS_MOE):  # its config's default alternates 128-token windows; its forward builds
+            # the sliding mask whatever the layers' types, so a window the context never passes: none is used
+            return {"sliding_window": cfg.context_length, "layer_types": cfg.n_layers * ["full_attention"]}
         return keys | ({"sliding_window": None} if arch in (MIXTRAL, *USE_SLIDING_WINDOW) else {})
     keys["sliding_window"] = cfg.window
     if arch in LAYER_TYPES:
@@ -398,6 +488,12 @@ def hf_windows(cfg: ModelConfig, arch: Architecture) -> dict:
 def hf_experts(cfg: ModelConfig, arch: Architecture) -> dict:
     """config.json's MoE keys (none for a dense model): E, k and d_e under the family's names, and which blocks
     are dense (Mixtral has none: its switches hold dense_layers at 0)."""
+    if arch in (GPT_OSS, GPT_OSS_MOE):  # intermediate_size is an expert's width; a dense SwiGLU is one expert
+        sparse = arch is GPT_OSS_MOE
+        return {"num_local_experts": cfg.n_experts if sparse else 1,
+                "num_experts_per_tok": cfg.experts_per_token if sparse else 1,
+                "intermediate_size": cfg.expert_width if sparse else cfg.ffn_width,
+                "router_aux_loss_coef": cfg.router_aux_coef if sparse else 0.0, "output_router_logits": False}
     experts = arch.experts
     if experts is None:
         return {}
@@ -420,7 +516,7 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     for name, parts in _weight_names(model).items():
         pieces = ours[name].split([rows for _, rows in parts], dim=0)
         out.update({hf_name: piece.detach().contiguous().cpu() for (hf_name, _), piece in zip(parts, pieces)})
-    return out
+    return out | (gpt_oss_ffn(model) if model.cfg.sinks else {})
 
 
 # ---------------------------------------------------------------- import: transformers -> this repo
@@ -431,12 +527,15 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     arch = BY_MODEL_TYPE.get(hf.get("model_type"))
     if arch is DEEPSEEK_V3 and hf.get("first_k_dense_replace", 3) < hf.get("num_hidden_layers", 0):
         arch = DEEPSEEK_V3_MOE  # its later blocks have experts (3: DeepseekV3Config's default)
+    if arch is GPT_OSS and hf.get("num_local_experts", 128) > 1:  # GptOssConfig's default: 128
+        arch = GPT_OSS_MOE
     if arch is None:
         raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type="
                            f"{' or '.join(repr(t) for t in BY_MODEL_TYPE)} is")
     for key, supported in arch.fixed.items():
-        if hf.get(key, supported) != supported:
-            raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
+        value = hf.get(key, (arch.absent or {}).get(key, supported))
+        if value != supported:
+            raise InteropError(f"{key}={value!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
     try:
         d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         ffn_width = hf["intermediate_size"]
@@ -449,7 +548,7 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
     values |= window_settings(hf, values["n_layers"], values["context_length"])
     if arch.model_type == "deepseek_v3":
         values |= latent_attention_settings(hf)
-    if arch.experts:
+    if arch.experts or arch is GPT_OSS_MOE:
         values |= expert_settings(hf, arch)
     head_dim = values.pop("head_dim", None) or hf_head_dim(hf)
     if head_dim * n_heads != d:
@@ -472,6 +571,8 @@ def hf_layer_types(hf: dict, n_layers: int) -> tuple[int | None, list[str]]:
     if model_type in QWEN_WINDOWS and not hf.get("use_sliding_window", False):
         window = None
     types = hf.get("layer_types")
+    if types is None and model_type == "gpt_oss":  # its config's default: local first, then every other layer
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
     if types is None:
         first = hf.get("max_window_layers", 28) if model_type in ("qwen2", "qwen3") else 0  # their configs' default
         types = ["sliding_attention" if window is not None and i >= first else "full_attention"
@@ -504,10 +605,11 @@ def window_settings(hf: dict, n_layers: int, context: int) -> dict:
 def expert_settings(hf: dict, arch: Architecture) -> dict:
     """model.n_experts, experts_per_token, expert_d_ff, router_aux_coef and the dense blocks (and DeepseekV3's
     shared experts) of an MoE family's config.json: hf_experts' inverse."""
-    experts = arch.experts
+    n_experts, expert_width = ((arch.experts.n_experts, arch.experts.expert_width) if arch.experts else
+                               ("num_local_experts", "intermediate_size"))  # gpt-oss's
     try:
-        values = {"n_experts": hf[experts.n_experts], "experts_per_token": hf["num_experts_per_tok"],
-                  "expert_d_ff": hf[experts.expert_width], "router_aux_coef": float(hf.get("router_aux_loss_coef", 0))}
+        values = {"n_experts": hf[n_experts], "experts_per_token": hf["num_experts_per_tok"],
+                  "expert_d_ff": hf[expert_width], "router_aux_coef": float(hf.get("router_aux_loss_coef", 0))}
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
     if arch is QWEN3_MOE:
@@ -584,7 +686,8 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], ro
     names = _weight_names(model)
     # Older transformers saved the RoPE frequencies; ours are recomputed from rope_base. A tied
     # checkpoint may still store lm_head.weight: transformers ignores it, and so do we.
-    expected = {hf_name for parts in names.values() for hf_name, _ in parts}
+    expected = {hf_name for parts in names.values() for hf_name, _ in parts} | (
+        set(gpt_oss_ffn(model)) if model.cfg.sinks else set())
     # DeepseekV3 without shared experts still holds their [0, d] projections: empty, as ours are absent
     ignored = {n for n in hf_state if n.endswith("rotary_emb.inv_freq") or n == "lm_head.weight"
                or hf_state[n].numel() == 0}
@@ -604,7 +707,10 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], ro
         state["lm_head.weight"] = state["tok_emb.weight"]
     if model.cfg.attention == "mla":
         state = repo_layout(state, model.cfg, rope_interleave)
-    state = moe_layout(state, model, to_hf=False)
+    if model.cfg.sinks:  # gpt-oss's experts are fused tensors of their own
+        state |= gpt_oss_ffn_back(model, hf_state)
+    else:
+        state = moe_layout(state, model, to_hf=False)
     for i in model.moe_layers():  # the bias of a family that has none (Mixtral, Qwen3-MoE): zeros, as it routes
         state.setdefault(f"blocks.{i}.ffn.bias", torch.zeros(model.cfg.n_experts))
     model.load_state_dict(state)
