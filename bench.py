@@ -334,9 +334,11 @@ def train_flops_per_token(model: Transformer) -> int:
 
 def ablation_peers(sizes: Sizes, device: Device) -> dict[str, Peer]:
     """Every ablation variant, as `python train.py <overrides> +experiment=ablation ablation=X` builds it. A context
-    the window lines' window would not cut (--quick's 32) is doubled past it for every variant, so that all build."""
+    that the variants' widest window would not cut (--quick's 32) is doubled past it for every variant, so that all
+    build."""
     from sweep import VARIANTS
-    window = OmegaConf.load(CONFIG_DIR / "ablation" / "window.yaml").model.window
+    window = max(OmegaConf.load(CONFIG_DIR / "ablation" / f"{variant}.yaml").get("model", {}).get("window") or 0
+                 for variant in VARIANTS)
     context = sizes.compose("+experiment=ablation").model.context_length
     room = [f"model.context_length={2 * window}"] if context <= window else []
     return {variant: our_peer(sizes.compose("+experiment=ablation", f"ablation={variant}", *room), device)

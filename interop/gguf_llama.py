@@ -274,10 +274,10 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     """Writes the GGUF file atomically; refuses a model that is not a LLaMA, a Qwen3 or a DeepSeek-V3, or a Mixtral,
     Qwen3-MoE or DeepSeek-V3 with experts, that llama.cpp runs. Returns notes for the user."""
     cfg = model.cfg
-    check_exportable(cfg, "llama.cpp")
-    if cfg.sinks:
+    if cfg.sinks:  # first: check_exportable would name gpt-oss's switches, which would not make it exportable here
         raise InteropError("model.sinks=true has no llama.cpp export here: this exporter writes llama.cpp's llama, "
                            "qwen3 and MoE graphs, which have no sink logits (the transformers export writes gpt-oss)")
+    check_exportable(cfg, "llama.cpp")
     if cfg.window is not None:
         raise InteropError(f"model.window={cfg.window} has no llama.cpp export here: its llama, qwen3 and qwen3moe "
                            f"graphs attend to every earlier position")

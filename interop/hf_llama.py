@@ -108,7 +108,6 @@ class Architecture:
     fixed: dict  # config.json keys with the one value this repo's model has: written on export, checked on import
     default_head_dim: int | None  # transformers' head dim when config.json has none (None: hidden / heads)
     experts: Experts | None = None  # an MoE family's (ffn=moe)
-    absent: dict | None = None  # what transformers reads for a `fixed` key config.json leaves out, where not ours
 
 
 LLAMA = Architecture("LLaMA", "llama", "LlamaForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none"},
@@ -149,12 +148,16 @@ DEEPSEEK_V3_MOE = Architecture("DeepseekV3", "deepseek_v3", "DeepseekV3ForCausal
 # ours is theirs at alpha 1, a limit no float32 reaches, up's bias -1 and every other bias 0 (gpt_oss_ffn).
 FLOAT32_MAX = torch.finfo(torch.float32).max
 GPT_OSS_FIXED = {"hidden_act": "silu", "attention_bias": False, "swiglu_alpha": 1.0, "swiglu_limit": FLOAT32_MAX}
-GPT_OSS_ABSENT = {"attention_bias": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0}  # GptOssConfig's defaults
+# what GptOssConfig reads for a key config.json leaves out, where it is not what this repo's readers assume (its
+# head_dim, 64, is default_head_dim's): OpenAI's settings, which an import then refuses or reads as they are
+GPT_OSS_DEFAULTS = {"attention_bias": True, "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "num_local_experts": 128,
+                    "num_experts_per_tok": 4, "sliding_window": 128, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
+                    "rope_parameters": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                        "truncate": False, "original_max_position_embeddings": 4096}}
 GPT_OSS = Architecture("gpt-oss", "gpt_oss", "GptOssForCausalLM", LLAMA_SWITCHES | {"qk_norm": "none", "sinks": True},
-                       GPT_OSS_FIXED, None, absent=GPT_OSS_ABSENT)
+                       GPT_OSS_FIXED, 64)
 GPT_OSS_MOE = Architecture("gpt-oss", "gpt_oss", "GptOssForCausalLM",
-                           MOE_SWITCHES | {"qk_norm": "none", "sinks": True, "dense_layers": 0}, GPT_OSS_FIXED, None,
-                           absent=GPT_OSS_ABSENT)
+                           MOE_SWITCHES | {"qk_norm": "none", "sinks": True, "dense_layers": 0}, GPT_OSS_FIXED, 64)
 # model.qk_norm -> its architecture, dense and with experts
 ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (LLAMA, QWEN3)}
 MOE_ARCHITECTURES = {arch.switches["qk_norm"]: arch for arch in (MIXTRAL, QWEN3_MOE)}
@@ -288,9 +291,13 @@ def gpt_oss_ffn(model: Transformer) -> dict[str, torch.Tensor]:
 
 
 def gpt_oss_ffn_back(model: Transformer, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """gpt_oss_ffn's inverse: each block's FFN weights under this repo's names, from transformers' tensors whose
-    shapes load_hf_state_dict has not checked yet; an InteropError for biases other than gpt_oss_biases' (a gpt-oss
-    trained elsewhere)."""
+    """gpt_oss_ffn's inverse: each block's FFN weights under this repo's names, from transformers' tensors (every
+    name present: load_hf_state_dict checked); an InteropError for a shape the config does not imply, or for biases
+    other than gpt_oss_biases' (a gpt-oss trained elsewhere)."""
+    for name, tensor in gpt_oss_ffn(model).items():
+        if hf_state[name].shape != tensor.shape:
+            raise InteropError(f"weights do not match config.json: {name} is {list(hf_state[name].shape)}, the config "
+                               f"implies {list(tensor.shape)}")
     state = {}
     for i, block in enumerate(model.blocks):
         theirs, ours = f"model.layers.{i}.mlp.", f"blocks.{i}.ffn."
@@ -298,14 +305,9 @@ def gpt_oss_ffn_back(model: Transformer, hf_state: dict[str, torch.Tensor]) -> d
         experts, _, width, d = gate_up.shape
         for name, bias in gpt_oss_biases(experts, width, d).items():
             if not torch.equal(hf_state[theirs + name].to(bias.dtype), bias):
-                raise InteropError(f"{theirs + name} is not supported: this repo's experts have no biases (the "
-                                   f"ones it exports: 0, and -1 on up, which the SwiGLU's (up + 1) cancels)")
-        fused = hf_state[theirs + "experts.gate_up_proj"]
-        if fused.shape != (experts, d, 2 * width) or hf_state[theirs + "experts.down_proj"].shape != down.shape:
-            raise InteropError(f"weights do not match config.json: {theirs}experts make "
-                               f"{list(fused.shape)} and {list(hf_state[theirs + 'experts.down_proj'].shape)}, the "
-                               f"config implies {[experts, d, 2 * width]} and {list(down.shape)}")
-        rows = fused.view(experts, d, width, 2).permute(0, 3, 2, 1)
+                raise InteropError(f"{theirs + name} is not supported: this repo's experts and router have no biases "
+                                   f"(the ones it exports: 0, and -1 on up, which the SwiGLU's (up + 1) cancels)")
+        rows = hf_state[theirs + "experts.gate_up_proj"].view(experts, d, width, 2).permute(0, 3, 2, 1)
         if isinstance(block.ffn, MoE):
             state[ours + "experts_in.weight"] = rows.reshape(-1, d)
             state[ours + "experts_out.weight"] = hf_state[theirs + "experts.down_proj"].reshape(-1, d)
@@ -524,18 +526,18 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
 def model_config_from_hf(hf: dict) -> ModelConfig:
     """ModelConfig for a transformers LLaMA, Qwen3 or DeepseekV3 config.json; refuses features this repo does not
     have."""
+    hf = read_as_transformers(hf)
     arch = BY_MODEL_TYPE.get(hf.get("model_type"))
     if arch is DEEPSEEK_V3 and hf.get("first_k_dense_replace", 3) < hf.get("num_hidden_layers", 0):
         arch = DEEPSEEK_V3_MOE  # its later blocks have experts (3: DeepseekV3Config's default)
-    if arch is GPT_OSS and hf.get("num_local_experts", 128) > 1:  # GptOssConfig's default: 128
+    if arch is GPT_OSS and hf["num_local_experts"] > 1:
         arch = GPT_OSS_MOE
     if arch is None:
         raise InteropError(f"model_type={hf.get('model_type')!r} is not supported; only model_type="
                            f"{' or '.join(repr(t) for t in BY_MODEL_TYPE)} is")
     for key, supported in arch.fixed.items():
-        value = hf.get(key, (arch.absent or {}).get(key, supported))
-        if value != supported:
-            raise InteropError(f"{key}={value!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
+        if hf.get(key, supported) != supported:
+            raise InteropError(f"{key}={hf[key]!r} is not supported; this repo's {arch.name} has {key}={supported!r}")
     try:
         d, n_heads = hf["hidden_size"], hf["num_attention_heads"]
         ffn_width = hf["intermediate_size"]
@@ -562,10 +564,18 @@ def model_config_from_hf(hf: dict) -> ModelConfig:
 QWEN_WINDOWS = ("qwen2", "qwen3", "qwen3_moe")  # model_types whose window is off unless use_sliding_window is true
 
 
+def read_as_transformers(hf: dict) -> dict:
+    """A config.json with the defaults transformers reads for the keys it leaves out, where this repo's readers
+    would assume others (gpt-oss's: GPT_OSS_DEFAULTS)."""
+    return GPT_OSS_DEFAULTS | hf if hf.get("model_type") == "gpt_oss" else hf
+
+
 def hf_layer_types(hf: dict, n_layers: int) -> tuple[int | None, list[str]]:
     """(the sliding window, each layer's attention) as transformers reads a config.json: layer_types where given;
     else sliding_attention in every layer with a window (Mistral, Mixtral, Qwen3-MoE), or from max_window_layers on
-    (Qwen2, Qwen3); the Qwen families' window only with use_sliding_window true (their default is false)."""
+    (Qwen2, Qwen3), or in every other layer from the first (gpt-oss); the Qwen families' window only with
+    use_sliding_window true (their default is false)."""
+    hf = read_as_transformers(hf)
     model_type = hf.get("model_type")
     window = hf.get("sliding_window")
     if model_type in QWEN_WINDOWS and not hf.get("use_sliding_window", False):
@@ -612,6 +622,9 @@ def expert_settings(hf: dict, arch: Architecture) -> dict:
                   "expert_d_ff": hf[expert_width], "router_aux_coef": float(hf.get("router_aux_loss_coef", 0))}
     except KeyError as e:
         raise InteropError(f"config.json has no {e.args[0]}") from None
+    if values["experts_per_token"] == 1:  # as check_exportable refuses it
+        raise InteropError(f"num_experts_per_tok=1 is not supported for {arch.name}: its one gate is renormalised to "
+                           f"1, where this repo's top-1 gate is the router's probability (Switch)")
     if arch is QWEN3_MOE:
         dense = hf.get("mlp_only_layers") or []
         if dense != list(range(len(dense))):  # this repo's dense blocks are the first ones (model.dense_layers)

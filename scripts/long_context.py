@@ -82,13 +82,14 @@ def evaluations(out: Path) -> list[tuple[str, int, Path, list[str]]]:
     return jobs
 
 
-def evaluate_all(eval_dir: Path, jobs: list[tuple[str, int, Path, list[str]]],
+def evaluate_all(out: Path, eval_dir: Path, jobs: list[tuple[str, int, Path, list[str]]],
                  max_tokens: int = MAX_TOKENS) -> list[dict]:
-    """Every evaluation's JSON in eval_dir (kept from an earlier call where it exists), one row per length and mode;
-    jobs as evaluations() gives them, each scoring the val split's first max_tokens."""
+    """Every evaluation's JSON under eval_dir, one row per length and mode; jobs as evaluations() gives them (their
+    checkpoints under out), each scoring the val split's first max_tokens. A JSON is kept from an earlier call
+    where its name says it scored the same checkpoint, row, flags and tokens."""
     rows = []
     for row, seed, ckpt, flags in jobs:
-        file = eval_dir / f"{row}-seed{seed}-{'-'.join(flags[1::2][:2])}.json"
+        file = eval_dir / ckpt.relative_to(out) / f"{row}-{'-'.join(flags[1::2][:2])}-{max_tokens}.json"
         if not file.exists():
             file.parent.mkdir(parents=True, exist_ok=True)
             if evaluate.main(["--ckpt", str(ckpt), *flags, "--max-tokens", str(max_tokens), "--json", str(file),
@@ -184,7 +185,7 @@ def main(argv=None) -> None:
                    "pretrain", done)
             launch([finetune_run(out, method, seed) for method in FINETUNES for seed in SEEDS], out,
                    args.overrides, "finetune", done)
-            rows = evaluate_all(out / "eval", evaluations(out))
+            rows = evaluate_all(out, out / "eval", evaluations(out))
         cells = table(rows)
         print("| row | length | chunked | sliding |\n|---|---:|---:|---:|")
         for row, length in dict.fromkeys((c["row"], c["length"]) for c in cells):

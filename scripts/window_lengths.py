@@ -8,7 +8,7 @@ first 32,768 tokens (--max-tokens)
 
     python scripts/window_lengths.py multirun/lr_window --json docs/ablation_window_lengths.json
 
-The evaluations' JSONs go to <study>/eval_lengths/, where the same command finds and keeps them. Every number is
+The evaluations' JSONs go to <study>/eval_lengths/<run>/, where the same command finds and keeps them. Every number is
 also paired within its run: its bpb less the run's own chunked bpb at 1x, mean and std over the seeds (`cost`).
 """
 import argparse
@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, from any dir
 
+from errors import UsageError  # noqa: E402
 from insight.lengths import run_config  # noqa: E402
 from scripts.long_context import MAX_TOKENS, SEEDS, evaluate_all, table  # noqa: E402
 from storage.files import write_json  # noqa: E402
@@ -31,8 +32,12 @@ SINK_TOKENS = (0, 4)  # the window alone, StreamingLLM's 4
 
 def evaluations(study: Path) -> list[tuple[str, int, Path, list[str]]]:
     """(row, seed, run dir, evaluate.py's flags) of every evaluation: the study's lines at their best lr."""
+    if not (study / "best_lr.json").is_file():
+        raise UsageError(f"{study} has no best_lr.json: give the dir of a finished `python sweep.py --out` study")
     jobs = []
     for line, lr in json.loads((study / "best_lr.json").read_text()).items():
+        if lr is None:
+            raise UsageError(f"{line} has no best learning rate in {study / 'best_lr.json'}: none of its runs ended")
         for seed in SEEDS:
             run = study / Point(line, lr, seed).name
             cfg = model_config(run_config(run))
@@ -69,7 +74,7 @@ def main(argv=None) -> None:
         jobs = evaluations(args.study)
         context = {line: model_config(run_config(run)).context_length for line, _, run, _ in jobs}
         rows = [{**r, "line": r["row"].split("+")[0], "context": context[r["row"]]}
-                for r in evaluate_all(args.study / "eval_lengths", jobs, args.max_tokens)]
+                for r in evaluate_all(args.study, args.study / "eval_lengths", jobs, args.max_tokens)]
         cells, paired = table(rows), costs(rows)
         cost_of = {(c["row"], c["length"], c["mode"]): c for c in paired}
         print("| row | length | mode | val bpb | less the run's own at 1x |\n|---|---:|---|---:|---:|")

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config, DeepseekV3ForCausalLM, GPT2Config,
                           GptOssConfig, GptOssForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen3Config,
                           Qwen3ForCausalLM)
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
+from interop.hf_llama import hf_config, hf_state_dict, model_config_from_hf
 from interop.load import load_model
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
@@ -468,6 +469,61 @@ def test_export_refuses_a_window_or_sinks_the_format_lacks(tmp_path, tokenizer_f
     assert not (tmp_path / "s.gguf").exists()
 
 
+def test_sinks_without_a_window_export_as_gpt_oss_with_every_layer_full(tmp_path):
+    """gpt-oss's own default alternates 128-token windows: a model with sinks and full attention writes every layer
+    full_attention and a window none uses (the context), and reads back without one."""
+    model = far_from_init(Transformer(llama_cfg(sinks=True, context_length=256)))
+    config = hf_config(model.cfg)
+    assert (config["layer_types"], config["sliding_window"]) == (["full_attention"] * 2, 256)
+    assert (config["num_local_experts"], config["num_experts_per_tok"]) == (1, 1)
+    save_file(hf_state_dict(model), tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, experts_implementation="eager").eval().double()
+    tokens = torch.randint(VOCAB, (1, 256), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # 256 tokens: a window of 128 in any layer would move these
+        ours, expected = copy.deepcopy(model).double()(tokens), theirs(tokens).logits
+    assert (ours - expected).abs().max().item() <= 2 ** -19 * expected.abs().max().item()  # as assert_same_model's
+    assert model_config_from_hf(config).window is None
+
+
+@pytest.mark.parametrize("switches, named", [
+    (dict(qk_norm="rmsnorm"), "no transformers gpt-oss equivalent for model.qk_norm=rmsnorm"),
+    (dict(ffn="moe", n_experts=4, experts_per_token=2, router="sigmoid"), "model.router=sigmoid"),
+    (dict(ffn="moe", n_experts=4, experts_per_token=2, n_shared_experts=1), "model.n_shared_experts=1"),
+    (dict(ffn="moe", n_experts=4, experts_per_token=2, dense_layers=1), "model.dense_layers=1"),
+    (dict(ffn="moe", n_experts=4, experts_per_token=1), "model.experts_per_token=1 has no transformers gpt-oss"),
+])
+def test_sinks_with_what_gpt_oss_lacks_are_refused_by_name(tmp_path, tokenizer_file, capsys, switches, named):
+    save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(sinks=True, **switches)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
+    assert named in one_error_line(capsys)
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("left_out, named", [
+    ("swiglu_alpha", "swiglu_alpha=1.702 is not supported"),  # GptOssConfig's defaults, not ours
+    ("rope_parameters", "rope_parameters.truncate=False is not supported for rope_type='yarn'"),
+    ("head_dim", "head_dim=64 is not supported")])
+def test_a_gpt_oss_config_json_is_read_with_gpt_osss_own_defaults(tmp_path, tokenizer_file, left_out, named):
+    """A key the config.json leaves out is what GptOssConfig reads for it, OpenAI's setting, not this repo's: each
+    refused by name where it is not this repo's."""
+    model = Transformer(llama_cfg(sinks=True, window=8, window_pattern="alternate"))
+    config = {k: v for k, v in hf_config(model.cfg).items() if k not in (left_out, "rope_theta")}
+    d = write_hf_dir(tmp_path / "hf", config, tokenizer_file)
+    save_file(hf_state_dict(model), d / "model.safetensors")
+    with pytest.raises(CheckpointError, match=re.escape(named)) as error:
+        load_model(d)
+    assert "\n" not in str(error.value)
+
+
+def test_import_refuses_one_expert_a_token(tmp_path, tokenizer_file):
+    """A softmax router's single gate is renormalised to 1 in transformers, where this repo's top-1 gate is p."""
+    model = Transformer(llama_cfg(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12))
+    d = write_hf_dir(tmp_path / "hf", hf_config(model.cfg) | {"num_experts_per_tok": 1}, tokenizer_file)
+    with pytest.raises(CheckpointError, match=re.escape("num_experts_per_tok=1 is not supported for Mixtral")):
+        load_model(d)
+
+
 @pytest.mark.parametrize("family", MOE_FAMILIES)
 def test_moe_exports_to_its_family_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
                                                                              capsys, family):
@@ -517,7 +573,7 @@ def test_moe_export_refuses_a_router_or_expert_its_family_lacks(tmp_path, tokeni
     ({}, "attention_bias=True is not supported; this repo's gpt-oss has attention_bias=False"),
     ({"attention_bias": False}, "swiglu_alpha=1.702 is not supported; this repo's gpt-oss has swiglu_alpha=1.0"),
     ({"attention_bias": False, "swiglu_alpha": 1.0, "swiglu_limit": torch.finfo(torch.float32).max},
-     "model.layers.0.mlp.experts.gate_up_proj_bias is not supported: this repo's experts have no biases")])
+     "model.layers.0.mlp.experts.gate_up_proj_bias is not supported: this repo's experts and router have no biases")])
 def test_import_refuses_gpt_oss_as_openai_builds_it(tmp_path, tokenizer_file, changes, named):
     """gpt-oss under GptOssConfig's own defaults (biases in its attention, its SwiGLU's alpha 1.702 and clamp at 7)
     has no counterpart here; with this repo's settings but its own expert biases (0 on up, where ours are -1), none

@@ -276,6 +276,22 @@ def test_the_window_studys_lengths_pair_each_run_with_itself_and_resume(source_r
     assert json.loads(again.read_text()) == result
 
 
+def test_window_lengths_pairs_each_row_with_its_own_seed_at_the_trained_context():
+    """costs(): a row's bpb less the same line's and seed's chunked bpb at the context, then mean and sample std over
+    the seeds: hand-computed on two seeds whose bpb differ."""
+    def row(name, seed, length, mode, bpb):
+        return {"row": name, "line": name.split("+")[0], "seed": seed, "length": length, "mode": mode, "context": 32,
+                "val_bpb": bpb}
+    rows = [row("a", 0, 32, "chunked", 2.0), row("a", 1, 32, "chunked", 3.0),
+            row("a", 0, 64, "chunked", 2.5), row("a", 1, 64, "chunked", 3.1),
+            row("a+stream0", 0, 64, "streaming", 2.25), row("a+stream0", 1, 64, "streaming", 2.75)]
+    cost = {(c["row"], c["length"], c["mode"]): (c["mean"], c["std"]) for c in window_lengths.costs(rows)}
+    assert cost["a", 32, "chunked"] == (0.0, 0.0)
+    # two seeds' sample std is |x_0 - x_1| / sqrt(2)
+    assert cost["a", 64, "chunked"] == pytest.approx((0.3, 0.4 / 2 ** 0.5))  # 0.5 and 0.1
+    assert cost["a+stream0", 64, "streaming"] == pytest.approx((0.0, 0.5 / 2 ** 0.5))  # 0.25 and -0.25
+
+
 @pytest.mark.parametrize("args, message", [
     (["--lengths", "64", "--sink-tokens", "4"], "--sink-tokens=4 is a setting of --mode streaming, not --mode both"),
     (["--lengths", "64", "--mode", "streaming"], "--mode streaming needs --sink-tokens (0: the window alone) for a "
