@@ -275,8 +275,9 @@ def write_gguf(model: Transformer, tokenizer_file: Path, path: Path, dtype: str 
     Qwen3-MoE or DeepSeek-V3 with experts, that llama.cpp runs. Returns notes for the user."""
     cfg = model.cfg
     if cfg.sinks:  # first: check_exportable would name gpt-oss's switches, which would not make it exportable here
-        raise InteropError("model.sinks=true has no llama.cpp export here: this exporter writes llama.cpp's llama, "
-                           "qwen3 and MoE graphs, which have no sink logits (the transformers export writes gpt-oss)")
+        raise InteropError("model.sinks=true has no llama.cpp export here: llama.cpp's graph with sink logits, "
+                           "gpt-oss's, clamps its experts' SwiGLU at 7 with alpha 1.702 fixed in its code, which this "
+                           "repo's SwiGLU cannot be written into exactly (the transformers export writes gpt-oss)")
     check_exportable(cfg, "llama.cpp")
     if cfg.window is not None:
         raise InteropError(f"model.window={cfg.window} has no llama.cpp export here: its llama, qwen3 and qwen3moe "

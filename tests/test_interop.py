@@ -465,7 +465,8 @@ def test_export_refuses_a_window_or_sinks_the_format_lacks(tmp_path, tokenizer_f
     assert one_error_line(capsys).startswith("error: model.window=8 has no llama.cpp export here")
     save_checkpoint(tmp_path / "sinks", Transformer(llama_cfg(sinks=True)), tokenizer_file)
     assert run_export("--ckpt", tmp_path / "sinks", "--format", "gguf", "--out", tmp_path / "s.gguf") == 2
-    assert one_error_line(capsys).startswith("error: model.sinks=true has no llama.cpp export here")
+    assert one_error_line(capsys).startswith("error: model.sinks=true has no llama.cpp export here: llama.cpp's graph "
+                                             "with sink logits, gpt-oss's, clamps its experts' SwiGLU at 7")
     assert not (tmp_path / "s.gguf").exists()
 
 
