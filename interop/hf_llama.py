@@ -290,11 +290,12 @@ def gpt_oss_ffn(model: Transformer) -> dict[str, torch.Tensor]:
     return out
 
 
-def gpt_oss_ffn_back(model: Transformer, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def gpt_oss_ffn_back(model: Transformer, hf_state: dict[str, torch.Tensor],
+                     expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """gpt_oss_ffn's inverse: each block's FFN weights under this repo's names, from transformers' tensors (every
-    name present: load_hf_state_dict checked); an InteropError for a shape the config does not imply, or for biases
-    other than gpt_oss_biases' (a gpt-oss trained elsewhere)."""
-    for name, tensor in gpt_oss_ffn(model).items():
+    name of expected, gpt_oss_ffn(model), present: load_hf_state_dict checked); an InteropError for a shape other
+    than expected's, or for biases other than gpt_oss_biases' (a gpt-oss trained elsewhere)."""
+    for name, tensor in expected.items():
         if hf_state[name].shape != tensor.shape:
             raise InteropError(f"weights do not match config.json: {name} is {list(hf_state[name].shape)}, the config "
                                f"implies {list(tensor.shape)}")
@@ -699,8 +700,8 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], ro
     names = _weight_names(model)
     # Older transformers saved the RoPE frequencies; ours are recomputed from rope_base. A tied
     # checkpoint may still store lm_head.weight: transformers ignores it, and so do we.
-    expected = {hf_name for parts in names.values() for hf_name, _ in parts} | (
-        set(gpt_oss_ffn(model)) if model.cfg.sinks else set())
+    gpt_oss = gpt_oss_ffn(model) if model.cfg.sinks else {}  # its fused FFN tensors, laid out once
+    expected = {hf_name for parts in names.values() for hf_name, _ in parts} | set(gpt_oss)
     # DeepseekV3 without shared experts still holds their [0, d] projections: empty, as ours are absent
     ignored = {n for n in hf_state if n.endswith("rotary_emb.inv_freq") or n == "lm_head.weight"
                or hf_state[n].numel() == 0}
@@ -721,7 +722,7 @@ def load_hf_state_dict(model: Transformer, hf_state: dict[str, torch.Tensor], ro
     if model.cfg.attention == "mla":
         state = repo_layout(state, model.cfg, rope_interleave)
     if model.cfg.sinks:  # gpt-oss's experts are fused tensors of their own
-        state |= gpt_oss_ffn_back(model, hf_state)
+        state |= gpt_oss_ffn_back(model, hf_state, gpt_oss)
     else:
         state = moe_layout(state, model, to_hf=False)
     for i in model.moe_layers():  # the bias of a family that has none (Mixtral, Qwen3-MoE): zeros, as it routes

@@ -97,10 +97,9 @@ class Transformer(nn.Module):
             moe.step_counts.zero_()
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
-        """What each position a full layer holds costs, over every layer (a local layer holds only its window's)."""
-        heads, key_dim, value_dim = self.cfg.cache_layout
-        return kv_cache_bytes(self.cfg.n_layers, heads, key_dim, seq_len=1, value_dim=value_dim,
-                              bytes_per_element=torch.tensor([], dtype=dtype).element_size())
+        """What each position a full layer holds costs, over every layer (a local layer holds only its window's):
+        a cache of one position, which every layer holds."""
+        return self.kv_cache_bytes(1, dtype=dtype)
 
     def kv_cache_bytes(self, positions: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
         """The bytes new_kv_cache(batch, positions) allocates: model/kv_cache.py's formula, windows included."""

@@ -30,17 +30,19 @@ FACTORS = (1, 2, 4, 8)  # lengths as multiples of the trained context
 SINK_TOKENS = (0, 4)  # the window alone, StreamingLLM's 4
 
 
-def evaluations(study: Path) -> list[tuple[str, int, Path, list[str]]]:
-    """(row, seed, run dir, evaluate.py's flags) of every evaluation: the study's lines at their best lr."""
+def evaluations(study: Path) -> tuple[list[tuple[str, int, Path, list[str]]], dict[str, int]]:
+    """(row, seed, run dir, evaluate.py's flags) of every evaluation, the study's lines at their best lr; and each
+    line's trained context."""
     if not (study / "best_lr.json").is_file():
         raise UsageError(f"{study} has no best_lr.json: give the dir of a finished `python sweep.py --out` study")
-    jobs = []
+    jobs, contexts = [], {}
     for line, lr in json.loads((study / "best_lr.json").read_text()).items():
         if lr is None:
             raise UsageError(f"{line} has no best learning rate in {study / 'best_lr.json'}: none of its runs ended")
         for seed in SEEDS:
             run = study / Point(line, lr, seed).name
             cfg = model_config(run_config(run))
+            contexts[line] = cfg.context_length
             longest = FACTORS[-1] * cfg.context_length
             jobs.append((line, seed, run, ["--lengths", ",".join(str(f * cfg.context_length) for f in FACTORS)]))
             streaming = ["--lengths", str(longest), "--mode", "streaming"]
@@ -48,7 +50,7 @@ def evaluations(study: Path) -> list[tuple[str, int, Path, list[str]]]:
                 jobs.append((f"{line}+stream", seed, run, streaming))
             else:
                 jobs += [(f"{line}+stream{s}", seed, run, [*streaming, "--sink-tokens", str(s)]) for s in SINK_TOKENS]
-    return jobs
+    return jobs, contexts
 
 
 def costs(rows: list[dict]) -> list[dict]:
@@ -71,9 +73,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
 
     def study():
-        jobs = evaluations(args.study)
-        context = {line: model_config(run_config(run)).context_length for line, _, run, _ in jobs}
-        rows = [{**r, "line": r["row"].split("+")[0], "context": context[r["row"]]}
+        jobs, contexts = evaluations(args.study)
+        rows = [{**r, "line": (line := r["row"].split("+")[0]), "context": contexts[line]}
                 for r in evaluate_all(args.study, args.study / "eval_lengths", jobs, args.max_tokens)]
         cells, paired = table(rows), costs(rows)
         cost_of = {(c["row"], c["length"], c["mode"]): c for c in paired}
