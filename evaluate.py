@@ -40,6 +40,7 @@ from insight.lengths import MODES, run_config, run_val_split, score, window_coun
 from interop.load import load_model, loaded_line
 from model.positions import table_bytes
 from model.rope_scaling import SCALINGS
+from parsing import whole_numbers
 from storage.checkpoint import check_vocab
 from storage.files import atomic_write, write_json, writing
 from training.config import autocast_for, eval_window_count
@@ -65,10 +66,10 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--plot", type=Path, help="the figure (default: --json with .png)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    try:
-        args.lengths = [int(n) for n in args.lengths.split(",")]
-    except ValueError:
-        raise UsageError(f"--lengths={args.lengths} must be integers separated by commas, e.g. 128,256,512") from None
+    lengths = whole_numbers(args.lengths)
+    if lengths is None:
+        raise UsageError(f"--lengths={args.lengths} must be integers separated by commas, e.g. 128,256,512")
+    args.lengths = lengths
     if min(args.lengths) < 2:
         raise UsageError(f"--lengths={min(args.lengths)} must be >= 2: a window of one token has no next token "
                          f"inside it")

@@ -14,6 +14,7 @@ from errors import ConfigError
 from model.ffn import hidden_width
 from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
+from parsing import whole_number
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
@@ -36,8 +37,15 @@ def local_layers(pattern: str, n_layers: int) -> list[bool]:
     local, ... (gpt-oss); N:1: N local, then one global, repeated (Gemma 3's 5:1)."""
     if pattern == "all":
         return n_layers * [True]
-    local_run = 1 if pattern == "alternate" else int(pattern.split(":")[0])
+    local_run = 1 if pattern == "alternate" else local_run_of(pattern)
     return [layer % (local_run + 1) < local_run for layer in range(n_layers)]
+
+
+def local_run_of(pattern) -> int | None:
+    """N of an N:1 pattern (N >= 1, in ASCII digits: parsing.py), else None."""
+    local, _, rest = pattern.partition(":") if isinstance(pattern, str) else ("", "", "")
+    run = whole_number(local)
+    return run if run is not None and run >= 1 and rest == "1" else None
 
 
 def window_pattern_of(local: list[bool]) -> str | None:
@@ -286,10 +294,7 @@ class ModelConfig:
                                    or not 1 <= window < self.context_length):
             raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
                               f"{self.context_length}), or null for full attention")
-        forms = pattern.split(":") if isinstance(pattern, str) else []
-        readable = pattern in ("all", "alternate") or (
-            len(forms) == 2 and forms[0].isdigit() and int(forms[0]) >= 1 and forms[1] == "1")
-        if not readable:
+        if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
             raise ConfigError(f"model.window_pattern={pattern!r} must be {WINDOW_PATTERNS}")
         if window is None and pattern != "all":
             raise ConfigError(f"model.window_pattern={pattern} says which layers are local, but model.window=null "
