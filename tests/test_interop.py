@@ -22,7 +22,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config,
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
-from interop.hf_llama import hf_config, hf_state_dict, model_config_from_hf
+from interop.hf import hf_config, hf_state_dict, model_config_from_hf
 from interop.load import load_model
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
@@ -311,10 +311,10 @@ def test_import_needs_the_sentencepiece_model(tmp_path, hf_config_json):
 
 def test_a_native_checkpoint_is_generated_from_without_the_transformers_mapping(tmp_path, tokenizer_file):
     """generate.py reads a transformers directory too, yet on this repo's own checkpoint it never imports
-    interop/hf_llama.py: a fresh process generates, then lists what it imported."""
+    interop/hf.py or the families: a fresh process generates, then lists what it imported."""
     save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), tokenizer_file)
     script = ("import sys, generate; code = generate.main(['--ckpt', sys.argv[1], '--max-new-tokens', '2']); "
-              "print(code, 'interop.hf_llama' in sys.modules)")
+              "print(code, 'interop.hf' in sys.modules or 'interop.families' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, check=True)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
