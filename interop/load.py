@@ -1,7 +1,7 @@
 """A model from a directory of either kind: this repo's checkpoint (storage/checkpoint.py) or a transformers
-directory of one of the families (interop/hf.py, interop/families/), told apart by config.json (transformers' names a model_type, ours a
-format_version). The mapping is imported only for a transformers directory, so loading a native checkpoint
-never imports it."""
+directory of one of the families (interop/hf.py, interop/families/), told apart by config.json (transformers' names
+a model_type, ours a format_version). The mapping is imported only for a transformers directory, so loading a native
+checkpoint never imports it."""
 from __future__ import annotations
 
 from pathlib import Path

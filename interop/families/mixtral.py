@@ -2,7 +2,8 @@
 E experts of d_e; Mixtral calls the projections w1, w3, w2), with one sliding window in every layer or none:
 
     blocks.i.ffn.router.weight      [E, d]         block_sparse_moe.gate.weight
-    blocks.i.ffn.experts_in.weight  [E 2d_e, d]    rows [W1_e; W3_e] for each e = block_sparse_moe.experts.e.{w1,w3}.weight
+    blocks.i.ffn.experts_in.weight  [E 2d_e, d]    rows [W1_e; W3_e] for each e =
+                                                   block_sparse_moe.experts.e.{w1,w3}.weight
     blocks.i.ffn.experts_out.weight [E d_e, d]     rows W2_e^T for each e; block_sparse_moe.experts.e.w2.weight is W2_e
                                                    [d, d_e] (layout.moe_layout transposes each)
 

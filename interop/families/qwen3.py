@@ -30,6 +30,12 @@ def qwen_sliding_window(hf: dict) -> int | None:
     return hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
 
 
+def windows_from_max_window_layers(hf: dict, window: int | None, n_layers: int) -> list[str]:
+    """Qwen2's and Qwen3's layers where config.json lists none: the window, if any, from max_window_layers on."""
+    first = hf.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
+    return ["sliding_attention" if window is not None and i >= first else "full_attention" for i in range(n_layers)]
+
+
 class Qwen3(Family):
     name, model_type, class_name = "Qwen3", "qwen3", "Qwen3ForCausalLM"
     switches = Family.switches | {"qk_norm": "rmsnorm"}
@@ -53,9 +59,7 @@ class Qwen3(Family):
         return qwen_sliding_window(hf)
 
     def default_layer_types(self, hf: dict, window: int | None, n_layers: int) -> list[str]:
-        first = hf.get("max_window_layers", QWEN_MAX_WINDOW_LAYERS)
-        return ["sliding_attention" if window is not None and i >= first else "full_attention"
-                for i in range(n_layers)]
+        return windows_from_max_window_layers(hf, window, n_layers)
 
 
 FAMILY = Qwen3()
