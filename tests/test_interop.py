@@ -22,7 +22,9 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config,
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
-from interop.hf import hf_config, hf_state_dict, model_config_from_hf
+from interop import InteropError
+from interop.families import FAMILIES, family_for, family_of
+from interop.hf import hf_config, hf_head_dim, hf_layer_types, hf_state_dict, model_config_from_hf
 from interop.load import load_model
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
@@ -611,3 +613,30 @@ def test_import_refuses_deepseek_v3s_rescaled_gates(tmp_path, tokenizer_file):
     with pytest.raises(CheckpointError, match=re.escape("routed_scaling_factor=2.5 is not supported")) as error:
         load_model(tmp_path / "hf")
     assert "\n" not in str(error.value)
+
+# --- the registry (interop/families/) ---------------------------------------------------------
+
+@pytest.mark.parametrize("switches, model_type", [
+    (dict(), "llama"), (dict(qk_norm="rmsnorm"), "qwen3"), (dict(kv_rank=16, rope_head_dim=4, n_kv_heads=4), "deepseek_v3"),
+    *((dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12) | switches, family)
+      for family, (switches, _) in MOE_FAMILIES.items()),
+    *((switches, family.removesuffix("_moe") if family == "gpt_oss_moe" else family)
+      for family, (switches, _) in WINDOWED.items())])
+def test_the_registry_gives_a_model_and_its_config_json_one_family(switches, model_type):
+    """family_of asks the most specific family first: each model goes to its own, and its config.json comes back
+    to the same one."""
+    cfg = llama_cfg(**switches)
+    assert family_of(cfg).model_type == model_type == family_for(hf_config(cfg)).model_type
+    assert len({family.model_type for family in FAMILIES}) == len(FAMILIES)
+
+
+def test_a_qwen2_config_json_is_read_for_its_windows_and_refused_by_import():
+    """Qwen2 (no family this repo exports) reads as transformers does: its window only with use_sliding_window, from
+    max_window_layers on, and hidden / heads as its head dim; an import names why it is refused."""
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "sliding_window": 16}
+    assert hf_layer_types(config, 3) == (None, 3 * ["full_attention"]) and hf_head_dim(config) == 16
+    windowed = config | {"use_sliding_window": True, "max_window_layers": 1}
+    assert hf_layer_types(windowed, 3) == (16, ["full_attention"] + 2 * ["sliding_attention"])
+    with pytest.raises(InteropError, match="model_type='qwen2' is not supported: its q, k and v projections have "
+                                           "biases"):
+        model_config_from_hf(windowed)

@@ -4,8 +4,8 @@ A family is one transformers architecture (a config.json model_type) and, where 
 graph. Its class answers, for this repo's ModelConfig and model:
     claims(cfg)                       whether a model with these switches is this family's (to export, or to refuse
                                       with the family's reasons); the registry (__init__.py) asks every family
-    check(cfg, target)                the refusals: switches unlike the family's (switches_for), windows and experts
-                                      it has no counterpart for; one InteropError line each
+    check(cfg, target)                the refusals: switches unlike the family's (switches_for), windows (check_window)
+                                      and experts it has no counterpart for; one InteropError line each
     head_keys, expert_keys,           config.json's keys for the attention, the experts and the windows (hf.py
     window_keys, fixed_for            writes the LLaMA keys every family has around them)
     weight_names(model)               our parameter -> the transformers tensors it stacks (layout.Names), built from
@@ -69,6 +69,7 @@ class Family:
     experts: Experts | None = None  # an MoE family's per-expert tensors
     n_experts_key, expert_width_key = "num_local_experts", "intermediate_size"  # config.json's E and d_e
     reads_windows = False  # whether a config.json's sliding window has a counterpart here
+    every_layer_window = False  # its window, if any, is in every layer (no layer_types)
     llama_cpp: LlamaCppArch | None = None
     no_llama_cpp = ""  # why not, where llama_cpp is None
     refusal: str | None = None  # why this repo neither exports nor imports the family, though it reads its config
@@ -79,8 +80,8 @@ class Family:
         return False
 
     def sparse(self, cfg: ModelConfig) -> bool:
-        """Whether the model has this family's experts (an MoE family's variant with them)."""
-        return False
+        """Whether the model has this family's experts: an MoE family's always, unless it has a dense variant too."""
+        return self.experts is not None
 
     def switches_for(self, sparse: bool) -> dict:
         return self.switches
@@ -103,7 +104,11 @@ class Family:
                                f"is the router's probability (Switch)")
 
     def check_window(self, cfg: ModelConfig, target: str) -> None:
-        """The windows the family cannot write; a family that claims a windowed model writes its windows."""
+        """A family whose one window is in every layer cannot write a window in some layers only."""
+        if self.every_layer_window and cfg.window is not None and cfg.window_pattern != "all":
+            raise InteropError(f"model.window={cfg.window} with model.window_pattern={cfg.window_pattern} has no "
+                               f"{target} {self.name} equivalent: its window is in every layer "
+                               f"(model.window_pattern=all)")
 
     def head_keys(self, cfg: ModelConfig) -> dict:
         return {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}
@@ -170,8 +175,8 @@ class Family:
         return self.defaults | hf
 
     def sparse_config(self, hf: dict) -> bool:
-        """Whether a config.json (read) has experts."""
-        return False
+        """Whether a config.json (read) has experts: as sparse."""
+        return self.experts is not None
 
     def model_config(self, hf: dict) -> ModelConfig:
         """ModelConfig for a config.json (read); refuses features this repo does not have."""
@@ -307,13 +312,6 @@ class Family:
 def local_layer_types(cfg: ModelConfig) -> list[str]:
     """config.json's layer_types of a windowed model: each block's attention."""
     return ["sliding_attention" if window else "full_attention" for window in cfg.layer_windows]
-
-
-def refuse_local_pattern(cfg: ModelConfig, target: str, family: str) -> None:
-    """For a family whose window is in every layer: a window in some layers only has no counterpart."""
-    if cfg.window is not None and cfg.window_pattern != "all":
-        raise InteropError(f"model.window={cfg.window} with model.window_pattern={cfg.window_pattern} has no {target} "
-                           f"{family} equivalent: its window is in every layer (model.window_pattern=all)")
 
 
 def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:

@@ -12,7 +12,7 @@ blk.i.ffn_gate_inp [E, d] and blk.i.ffn_{gate,up,down}_exps [E, out, in] (layout
 """
 import gguf
 
-from interop.families.base import MOE_SWITCHES, refuse_local_pattern
+from interop.families.base import MOE_SWITCHES
 from interop.families.llama import Llama
 from interop.layout import Experts
 from model.config import ModelConfig
@@ -23,19 +23,10 @@ class Mixtral(Llama):
     switches = MOE_SWITCHES | {"qk_norm": "none", "dense_layers": 0}
     fixed = {"hidden_act": "silu", "router_jitter_noise": 0.0}
     experts = Experts("block_sparse_moe", "w1", "w3", "w2")
-    reads_windows = True
+    reads_windows = every_layer_window = True
 
     def claims(self, cfg: ModelConfig) -> bool:
         return cfg.ffn == "moe" and cfg.router == "softmax" and cfg.qk_norm == "none"
-
-    def sparse(self, cfg: ModelConfig) -> bool:
-        return True
-
-    def sparse_config(self, hf: dict) -> bool:
-        return True
-
-    def check_window(self, cfg: ModelConfig, target: str) -> None:
-        refuse_local_pattern(cfg, target, self.name)
 
     def window_keys(self, cfg: ModelConfig) -> dict:
         return {"sliding_window": cfg.window}

@@ -9,7 +9,7 @@ out as key_length / value_length (which transformers' GGUF loader reads there).
 import gguf
 
 from interop import InteropError
-from interop.families.base import MOE_SWITCHES, Family, LlamaCppArch, refuse_local_pattern
+from interop.families.base import MOE_SWITCHES, Family, LlamaCppArch
 from interop.families.qwen3 import Qwen3
 from interop.layout import GATED_PROJECTIONS, Experts
 from model.config import ModelConfig
@@ -21,19 +21,11 @@ class Qwen3Moe(Qwen3):
     fixed = {"hidden_act": "silu", "attention_bias": False, "norm_topk_prob": True, "decoder_sparse_step": 1}
     experts = Experts("mlp", *GATED_PROJECTIONS)
     n_experts_key, expert_width_key = "num_experts", "moe_intermediate_size"
+    every_layer_window = True
     llama_cpp = LlamaCppArch(gguf.MODEL_ARCH.QWEN3MOE, adjacent_rope=False)
 
     def claims(self, cfg: ModelConfig) -> bool:
         return cfg.ffn == "moe" and cfg.router == "softmax" and cfg.qk_norm == "rmsnorm"
-
-    def sparse(self, cfg: ModelConfig) -> bool:
-        return True
-
-    def sparse_config(self, hf: dict) -> bool:
-        return True
-
-    def check_window(self, cfg: ModelConfig, target: str) -> None:
-        refuse_local_pattern(cfg, target, self.name)
 
     def expert_keys(self, cfg: ModelConfig) -> dict:
         return super().expert_keys(cfg) | {"mlp_only_layers": list(range(cfg.dense_layers))}
