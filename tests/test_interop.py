@@ -617,7 +617,8 @@ def test_import_refuses_deepseek_v3s_rescaled_gates(tmp_path, tokenizer_file):
 # --- the registry (interop/families/) ---------------------------------------------------------
 
 @pytest.mark.parametrize("switches, model_type", [
-    (dict(), "llama"), (dict(qk_norm="rmsnorm"), "qwen3"), (dict(kv_rank=16, rope_head_dim=4, n_kv_heads=4), "deepseek_v3"),
+    (dict(), "llama"), (dict(qk_norm="rmsnorm"), "qwen3"),
+    (dict(kv_rank=16, rope_head_dim=4, n_kv_heads=4), "deepseek_v3"),
     *((dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12) | switches, family)
       for family, (switches, _) in MOE_FAMILIES.items()),
     *((switches, family.removesuffix("_moe") if family == "gpt_oss_moe" else family)

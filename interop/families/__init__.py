@@ -8,7 +8,7 @@ most general to the most specific. Export, import and the GGUF writer read it:
     reader_for(hf)         as family_for, or base's generic reading for a model_type no family has (the KV-cache
                            estimator reads any config.json)
 
-Adding a family: its file (a Family subclass and FAMILY = its instance) and its line here.
+Adding a family: its file (a Family subclass and FAMILY = its instance) and its line in FAMILIES (imported above it).
 """
 from interop import InteropError
 from interop.families import deepseek_v3, gpt_oss, llama, ministral, mistral, mixtral, qwen2, qwen3, qwen3_moe

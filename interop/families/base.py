@@ -3,7 +3,8 @@
 A family is one transformers architecture (a config.json model_type) and, where llama.cpp runs it, one llama.cpp
 graph. Its class answers, for this repo's ModelConfig and model:
     claims(cfg)                       whether a model with these switches is this family's (to export, or to refuse
-                                      with the family's reasons); the registry (__init__.py) asks every family
+                                      with the family's reasons); the registry (__init__.py) asks the most specific
+                                      first
     check(cfg, target)                the refusals: switches unlike the family's (switches_for), windows (check_window)
                                       and experts it has no counterpart for; one InteropError line each
     head_keys, expert_keys,           config.json's keys for the attention, the experts and the windows (hf.py
