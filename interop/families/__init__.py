@@ -11,7 +11,8 @@ most general to the most specific. Export, import and the GGUF writer read it:
 Adding a family: its file (a Family subclass and FAMILY = its instance) and its line in FAMILIES (imported above it).
 """
 from interop import InteropError
-from interop.families import deepseek_v3, gpt_oss, llama, ministral, mistral, mixtral, qwen2, qwen3, qwen3_moe
+from interop.families import deepseek_v3, gpt_oss, llama, ministral, mistral, mixtral, qwen2, qwen3, qwen3_moe, \
+    qwen3_next
 from interop.families.base import Family
 from model.config import ModelConfig
 
@@ -23,6 +24,7 @@ FAMILIES = (
     qwen3.FAMILY,
     mixtral.FAMILY,
     qwen3_moe.FAMILY,
+    qwen3_next.FAMILY,
     deepseek_v3.FAMILY,
     gpt_oss.FAMILY,
 )
