@@ -652,7 +652,8 @@ def test_moe_tiny_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_ba
     assert not written[last + "mlp.shared_expert_gate.weight"].any()
     assert not written[last + "self_attn.q_proj.weight"].view(4, 2, 8, 32)[:, 1].any()  # each head's gate rows
     assert torch.equal(written[last + "self_attn.o_proj.weight"], 2 * state["blocks.1.attn.out.weight"])
-    assert torch.equal(written[last + "mlp.shared_expert.down_proj.weight"], 2 * state["blocks.1.ffn.shared.w_out.weight"])
+    assert torch.equal(written[last + "mlp.shared_expert.down_proj.weight"],
+                       2 * state["blocks.1.ffn.shared.w_out.weight"])
     assert torch.equal(written[last + "self_attn.q_norm.weight"], state["blocks.1.attn.qk_norm.q_norm.weight"] - 1)
     assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, MOE_FLOAT64_STEPS)
 

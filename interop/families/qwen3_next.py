@@ -9,10 +9,10 @@ this repo's model does not are written so that they compute nothing:
                                  W_g,h]; W_g written 0 (1/2), o_proj doubled
     RMSNorm gains of (1 + w)     every norm (layers', final, q and k): w is written as our gain - 1
 
-A power of two scales exactly, so the gates and the doublings cancel bit for bit. The gains do where our gain
-g >= 1/2 (g - 1 is then exact, Sterbenz, and so is 1 + (g - 1)); below 1/2, g - 1 rounds to half a step of its
-binade (2^-24 in float32 for |g| <= 1), and the gain comes back that close. An import refuses a non-zero gate, which
-this repo's model has no counterpart for.
+A power of two scales exactly, so the gates and the doublings cancel bit for bit. A gain g comes back bit for bit
+where g >= 1/2 (g - 1 is then exact, by Sterbenz's lemma, and so is 1 + (g - 1)); below 1/2, g - 1 is rounded, by at
+most half a step of its binade (2^-24 in float32 for |g - 1| < 2), and 1 + (g - 1) is that close to g, in
+transformers' forward and in an import alike. An import refuses a gate that is not zero: this repo's model has none.
 
     blocks.i.attn.qkv.weight   [(H+2H_kv)D, d]   self_attn.q_proj (each head [W_q,h; 0]), k_proj, v_proj
     blocks.i.attn.out.weight   [d, H D]          self_attn.o_proj.weight = 2 W_o
