@@ -675,7 +675,10 @@ def test_moe_tiny_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_ba
 
 def test_moe_tiny_preset_exports_to_qwen3_next_and_refuses_gguf(tmp_path, tokenizer_file, capsys):
     """The preset itself is Qwen3-Next's; llama.cpp's qwen3next graph is not written, with the reason in one line."""
-    assert family_of(model_config(compose_config(["model=moe_tiny"]))).model_type == "qwen3_next"
+    config = hf_config(model_config(compose_config(["model=moe_tiny"])))
+    assert [config[key] for key in ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                    "shared_expert_intermediate_size", "mlp_only_layers")] == [
+        "qwen3_next", 15, 3, 88, 88, []]
     save_checkpoint(tmp_path / "ckpt", Transformer(moe_tiny_cfg()), tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "out.gguf") == 2
     assert one_error_line(capsys).startswith(
