@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cli import Parser
 from errors import UsageError
-from interop.hf_llama import hf_head_dim, hf_layer_types
+from interop.hf import hf_head_dim, hf_layer_types
 from interop.load import load_model
 from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import CheckpointError
@@ -39,7 +39,7 @@ def kv_projections(new_tokens: int, prompt_tokens: int = 1) -> tuple[int, int]:
 
 def dims_from_hf_config(path: str) -> dict:
     """num_hidden_layers, num_key_value_heads (default: num_attention_heads), head_dim (as transformers reads it:
-    interop.hf_llama.hf_head_dim) and max_position_embeddings of a transformers config.json."""
+    interop.hf.hf_head_dim) and max_position_embeddings of a transformers config.json."""
     try:
         config = json.loads(Path(path).read_text())
         seq = config.get("max_position_embeddings")
@@ -59,7 +59,7 @@ def dims_from_hf_config(path: str) -> dict:
 
 def hf_local_layers(config: dict, layers: int) -> dict:
     """The window and the number of local layers of a transformers config.json, as transformers reads them
-    (interop.hf_llama.hf_layer_types); nothing without a window."""
+    (interop.hf.hf_layer_types); nothing without a window."""
     window, types = hf_layer_types(config, layers)
     return {"window": window, "local_layers": types.count("sliding_attention")} if window else {}
 

@@ -22,7 +22,7 @@ import generate
 from data_helpers import metrics, run_train, summary, train_in_process
 from errors import ConfigError
 from insight.lengths import position_nats, run_val_split, score
-from interop.hf_llama import hf_config
+from interop.hf import hf_config
 from interop.load import load_model
 from interop_helpers import VOCAB, llama_cfg, one_error_line, run_export
 from model.config import ModelConfig

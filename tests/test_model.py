@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from pytest import approx
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from interop.hf_llama import hf_config, hf_state_dict
+from interop.hf import hf_config, hf_state_dict
 from errors import ConfigError
 from model import ModelConfig, Transformer
 from model.attention import Attention
