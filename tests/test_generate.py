@@ -120,7 +120,8 @@ def test_one_prefill_fills_the_cache_rows_of_every_sample():
         logits = Engine(model)._prefill(prompts, 3, shared)
         expected = model(prompts.repeat_interleave(3, dim=0), 0, reference, last_only=True)[:, -1]
     torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
-    for (k, v), (k_ref, v_ref) in zip(shared.layers, reference.layers):
+    for (k, v), (k_ref, v_ref) in (((mine.keys, mine.values), (theirs.keys, theirs.values))
+                                   for mine, theirs in zip(shared.layers, reference.layers)):
         torch.testing.assert_close(k, k_ref, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(v, v_ref, rtol=1e-10, atol=1e-10)
         assert k[:, :, 5:].abs().sum() == 0

@@ -9,7 +9,7 @@ from data.tokenizer import train_tokenizer
 from errors import UsageError
 from generation.kv_memory import estimate, kv_projections, main
 from model import KVCache, ModelConfig, Transformer
-from model.kv_cache import kv_cache_bytes
+from model.kv_cache import FullCache, kv_cache_bytes
 from storage.checkpoint import save_checkpoint
 
 LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", "fp16"]
@@ -17,8 +17,8 @@ LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", 
 
 @pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)])
 def test_allocated_bytes_equal_the_formula(dtype, size):
-    cache = KVCache(n_layers=3, batch=2, heads=2, max_len=10, key_dim=8, dtype=dtype)
-    assert all(k.shape == v.shape == (2, 2, 10, 8) for k, v in cache.layers)
+    cache = KVCache([FullCache(batch=2, heads=2, max_len=10, key_dim=8, value_dim=8, dtype=dtype) for _ in range(3)])
+    assert all(layer.keys.shape == layer.values.shape == (2, 2, 10, 8) for layer in cache.layers)
     assert cache.nbytes == kv_cache_bytes(3, 2, 8, 10, batch=2, bytes_per_element=size) == 2 * 3 * 2 * 8 * 10 * 2 * size
 
 
@@ -29,19 +29,19 @@ def test_fewer_kv_heads_shrink_the_cache_by_n_heads_over_n_kv_heads():
 
 
 def test_update_writes_in_place_and_returns_the_prefix():
-    cache = KVCache(n_layers=2, batch=1, heads=2, max_len=6, key_dim=4)
-    storage = cache.layers[1][0].data_ptr()
+    cache = KVCache([FullCache(batch=1, heads=2, max_len=6, key_dim=4, value_dim=4) for _ in range(2)])
+    storage = cache.layers[1].keys.data_ptr()
     first = torch.randn(1, 2, 4, 4)
-    cache.update(1, 0, first, -first)
+    cache.layers[1].update(0, first, -first)
     step = torch.randn(1, 2, 1, 4)
-    k, v, positions = cache.update(1, 4, step, -step)
+    k, v, positions = cache.layers[1].update(4, step, -step)
     assert positions is None  # positions 0 .. 4 in order
-    assert cache.layers[1][0].data_ptr() == storage == k.data_ptr()  # views, no copy
+    assert cache.layers[1].keys.data_ptr() == storage == k.data_ptr()  # views, no copy
     torch.testing.assert_close(k, torch.cat([first, step], dim=2), rtol=0, atol=0)
     torch.testing.assert_close(v, -k, rtol=0, atol=0)
-    assert cache.layers[0][0].abs().sum() == 0  # other layers untouched
+    assert cache.layers[0].keys.abs().sum() == 0  # other layers untouched
     with pytest.raises(ValueError, match="KV cache overflow: position 7 > max_len 6"):
-        cache.update(1, 5, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+        cache.layers[1].update(5, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
 
 
 @pytest.mark.parametrize("kv_heads,exact,chapter", [("32", "2,147,483,648", 2.1), ("8", "536,870,912", 0.54),

@@ -4,7 +4,7 @@ to a forward that computes the same attention from scratch, in float64; the sett
 import pytest
 import torch
 
-from generation.engine import Engine, SamplingError
+from generation.engine import Engine, SamplingError, Sliding
 from model import ModelConfig, Transformer
 from weights import far_from_init
 
@@ -103,7 +103,7 @@ def test_dynamic_ntk_slides_rather_than_streaming():
     engine = Engine(model)
     forwards = counting_forwards(model)
     list(engine.generate([[3, 1, 4]], 30, temperature=0))
-    assert not engine.streams(use_cache=True) and [n for n in forwards if n > 1] == [3, 8, 8]
+    assert engine.context_policy(True, 3, 30) is Sliding and [n for n in forwards if n > 1] == [3, 8, 8]
 
 
 def test_a_long_prompt_keeps_its_sink_tokens(capsys):
