@@ -89,7 +89,8 @@ class Attention(nn.Module):
     # The cache: K and V of n_kv_heads heads per position (model/kv_cache.py); a local layer holds its window
     PER_POSITION = PerPosition(
         name="heads", label="K/V heads", title="KV cache",
-        fields=(CacheField("kv_heads", "K/V heads H_kv"), CacheField("head_dim", "head dim d_head")),
+        fields=(CacheField("kv_heads", "H_kv", "K/V heads H_kv", "K/V heads per layer (H_kv)"),
+                CacheField("head_dim", "d_head", "head dim d_head", "each K and V head's dims (d_head)")),
         terms=((2, ("kv_heads", "head_dim")),), text="2 (K, V) x {kv_heads} KV heads x {head_dim} head dim")
 
     @staticmethod
@@ -122,6 +123,12 @@ class Attention(nn.Module):
     def stream_refusal(cfg: ModelConfig) -> str | None:
         """Why this kind's cache cannot stream with sink tokens (None: it can, as a StreamingCache)."""
         return None
+
+    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
+        """For each head the cache holds, the projection and its rows that make that head's values: V head j's
+        among the stacked [Wq; Wk; Wv] (insight's wiring probe zeroes them)."""
+        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        return [(self.qkv, slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)) for j in range(H_kv)]
 
 
 def visible_keys(start: int, n_queries: int, n_keys: int, key_positions: torch.Tensor | None, window: int | None,

@@ -37,21 +37,13 @@ def positions_held(n_layers: int, seq_len: int, window: int | None = None, local
     return (n_layers - local_layers) * seq_len + local_layers * min(window or seq_len, seq_len)
 
 
-def kv_cache_bytes(n_layers: int, heads: int, key_dim: int, seq_len: int, batch: int = 1,
-                   bytes_per_element: int = 2, value_dim: int | None = None, window: int | None = None,
-                   local_layers: int = 0) -> int:
-    """The formula above for layers of K/V heads: value_dim is key_dim unless given (K and V heads of one width)."""
-    value_dim = key_dim if value_dim is None else value_dim
-    return heads * (key_dim + value_dim) * positions_held(n_layers, seq_len, window, local_layers) * batch \
-        * bytes_per_element
-
-
 @dataclass(frozen=True)
 class CacheField:
     """One width a kind's cache is sized by, as the estimators ask for it (a flag, a field of the report's page)."""
     name: str
+    symbol: str  # in the formula
     label: str  # the page's
-    help: str = ""  # the estimator's flag's
+    help: str  # the estimator's flag's
     least: int = 1  # 0 where the width may be absent
     default: int | None = None  # None: the estimator needs it given
 
@@ -68,9 +60,16 @@ class PerPosition:
     terms: tuple[tuple[int, tuple[str, ...]], ...]
     text: str  # the terms with their widths, str.format'ed with the fields
     window_refusal: str | None = None  # why the kind takes no window (None: its layers may be local)
+    row: str = ""  # the report's row of this model's cache, str.format'ed with the fields ("": K/V heads' own rows)
 
     def elements(self, dims: dict) -> int:
         return sum(coefficient * math.prod(dims[name] for name in names) for coefficient, names in self.terms)
+
+    def formula(self, times: str = " x ") -> str:
+        """The terms in their fields' symbols, e.g. 2 x H_kv x d_head."""
+        symbols = {field.name: field.symbol for field in self.fields}
+        return " + ".join(times.join([str(coefficient)] * (coefficient != 1) + [symbols[name] for name in names])
+                          for coefficient, names in self.terms)
 
     def describe(self, dims: dict) -> str:
         return self.text.format(**{field.name: dims[field.name] for field in self.fields})

@@ -124,11 +124,11 @@ class LatentAttention(nn.Module):
     # The cache: one "head" per position, the key [c_kv, k_R], whose c_kv part is also the value (0 value dims)
     PER_POSITION = PerPosition(
         name="latent", label="MLA latent", title="latent cache (MLA)",
-        fields=(CacheField("kv_rank", "MLA latent d_c", "MLA's latent dims per token and layer (d_c)"),
-                CacheField("rope_head_dim", "MLA RoPE key d_R", "MLA's shared RoPE key dims (d_R, default 0)",
+        fields=(CacheField("kv_rank", "d_c", "MLA latent d_c", "MLA's latent dims per token and layer (d_c)"),
+                CacheField("rope_head_dim", "d_R", "MLA RoPE key d_R", "MLA's shared RoPE key dims (d_R, default 0)",
                            least=0, default=0)),
         terms=((1, ("kv_rank",)), (1, ("rope_head_dim",))), text="({kv_rank} latent + {rope_head_dim} RoPE key)",
-        window_refusal="this repo's latent attention has no window")
+        window_refusal="this repo's latent attention has no window", row="MLA ({kv_rank} + {rope_head_dim})")
 
     @staticmethod
     def cache_dims(cfg: ModelConfig) -> dict[str, int]:
@@ -151,3 +151,7 @@ class LatentAttention(nn.Module):
     @staticmethod
     def stream_refusal(cfg: ModelConfig) -> str | None:
         return "with attention=mla: its latent cache has no streaming form here"
+
+    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
+        """The one "head" the cache holds, whose c_kv makes every head's keys and values: its rows of [W_dkv; W_kr]."""
+        return [(self.kv_down, slice(0, self.kv_rank))]

@@ -19,8 +19,8 @@ from generation.kv_memory import kv_projections
 from generation.memory import available_memory, memory_shortfall
 from model import ModelConfig, Transformer
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
-from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import save_checkpoint
+from cache_formula import kv_cache_bytes
 from weights import far_from_init, ffn_settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,8 +9,9 @@ from data.tokenizer import train_tokenizer
 from errors import UsageError
 from generation.kv_memory import estimate, kv_projections, main
 from model import KVCache, ModelConfig, Transformer
-from model.kv_cache import FullCache, kv_cache_bytes
+from model.kv_cache import FullCache
 from storage.checkpoint import save_checkpoint
+from cache_formula import kv_cache_bytes
 
 LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", "fp16"]
 
