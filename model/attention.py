@@ -109,7 +109,7 @@ class Attention(nn.Module):
         """This layer's cache of max_len positions: a window shorter than max_len rolls through it; otherwise, with
         sink_tokens S, it streams past max_len keeping the first S positions (S = 0: the window alone)."""
         sizes = (batch, self.n_kv_heads, max_len, self.head_dim, self.head_dim)
-        if self.window is not None and self.window < max_len:
+        if self.rolls(max_len):
             return RollingCache(*sizes, self.window, dtype, device)
         if sink_tokens is not None:
             return StreamingCache(*sizes, sink_tokens, self.rotary, dtype, device)

@@ -146,10 +146,12 @@ class LatentAttention(nn.Module):
         return FullCache(batch, 1, max_len, self.kv_rank + self.rope_dim, 0, dtype=dtype, device=device)
 
     def rolls(self, max_len: int) -> bool:
-        return False  # no window
+        """No window: the cache holds every position (Attention.rolls)."""
+        return False
 
     @staticmethod
     def stream_refusal(cfg: ModelConfig) -> str | None:
+        """Sink tokens refused (Attention.stream_refusal): the absorbed decode attends to every cached latent."""
         return "with attention=mla: its latent cache has no streaming form here"
 
     def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:

@@ -194,3 +194,19 @@ def test_stream_refusals_come_from_the_kinds():
     assert model64(n_kv_heads=4, kv_rank=8).stream_refusal(None) is None
     assert model64(window=4, position="learned").stream_refusal(2).startswith("with model.position=learned")
     assert model64(window=4).rolls(16) and not model64(window=4).rolls(4) and not model64().rolls(16)
+
+
+def test_evaluates_streaming_mode_asks_the_model_too():
+    """evaluate.py --mode streaming: a model with full layers needs sink tokens; an all-local one streams in its own
+    caches unless its positions refuse to run on (dynamic NTK), in one line each."""
+    from errors import UsageError
+    from evaluate import check_streaming
+    check_streaming(model64(window=4), None)
+    check_streaming(model64(), 2)
+    with pytest.raises(UsageError, match=r"^--mode streaming needs --sink-tokens \(0: the window alone\)"):
+        check_streaming(model64(), None)
+    with pytest.raises(UsageError, match="^--mode streaming with model.rope_scaling=dynamic: its frequencies change "
+                                         "with the sequence's length, which a stream does not have$"):
+        check_streaming(model64(window=4, rope_scaling="dynamic", rope_factor=2.0), None)
+    with pytest.raises(UsageError, match="^--sink-tokens=2 with attention=mla: its latent cache has no streaming form"):
+        check_streaming(model64(n_kv_heads=4, kv_rank=8), 2)
