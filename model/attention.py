@@ -33,19 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.kv_cache import KVCache
+from model.config import ModelConfig
+from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
 from model.positions import Rotary
 from model.qk_norm import QKNorm
 
 
 class Attention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                 rotary: Rotary | None, qk_norm: QKNorm | None, layer: int, window: int | None = None,
-                 sinks: bool = False):
+                 rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.layer = layer  # index into the KV cache
         self.window = window  # the positions a query sees, its own included; None: all earlier ones
         # gpt-oss's sink logits, one per query head; 0 at init: the sink starts as one more key of logit 0
         self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
@@ -72,12 +71,12 @@ class Attention(nn.Module):
         q, k = qk.split([H, H_kv], dim=1)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.heads(x, start)
         key_positions = None  # the keys are the positions up to the last query's, in order
         if cache is not None:
-            k, v, key_positions = cache.update(self.layer, start, k, v)
+            k, v, key_positions = cache.update(start, k, v)
         mask = visible_keys(start, T, k.shape[2], key_positions, self.window, x.device)
         dropout = self.dropout if self.training else 0.0
         if self.sinks is not None:
@@ -86,6 +85,50 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+    # The cache: K and V of n_kv_heads heads per position (model/kv_cache.py); a local layer holds its window
+    PER_POSITION = PerPosition(
+        name="heads", label="K/V heads", title="KV cache",
+        fields=(CacheField("kv_heads", "H_kv", "K/V heads H_kv", "K/V heads per layer (H_kv)"),
+                CacheField("head_dim", "d_head", "head dim d_head", "each K and V head's dims (d_head)")),
+        terms=((2, ("kv_heads", "head_dim")),), text="2 (K, V) x {kv_heads} KV heads x {head_dim} head dim")
+
+    @staticmethod
+    def cache_dims(cfg: ModelConfig) -> dict[str, int]:
+        """The widths PER_POSITION reads, of a model of these settings."""
+        return {"kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}
+
+    @classmethod
+    def cache_bytes(cls, cfg: ModelConfig, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
+        """What new_cache allocates for `positions` in block `layer`: a local one holds min(window, positions)."""
+        held = min(cfg.layer_windows[layer] or positions, positions)
+        return held * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
+
+    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                  sink_tokens: int | None = None) -> FullCache:
+        """This layer's cache of max_len positions: a window shorter than max_len rolls through it; otherwise, with
+        sink_tokens S, it streams past max_len keeping the first S positions (S = 0: the window alone)."""
+        sizes = (batch, self.n_kv_heads, max_len, self.head_dim, self.head_dim)
+        if self.rolls(max_len):
+            return RollingCache(*sizes, self.window, dtype, device)
+        if sink_tokens is not None:
+            return StreamingCache(*sizes, sink_tokens, self.rotary, dtype, device)
+        return FullCache(*sizes, dtype=dtype, device=device)
+
+    def rolls(self, max_len: int) -> bool:
+        """Whether this layer's cache of max_len positions goes on past them by itself: a window shorter than it."""
+        return self.window is not None and self.window < max_len
+
+    @staticmethod
+    def stream_refusal(cfg: ModelConfig) -> str | None:
+        """Why this kind's cache cannot stream with sink tokens (None: it can, as a StreamingCache)."""
+        return None
+
+    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
+        """For each head the cache holds, the projection and its rows that make that head's values: V head j's
+        among the stacked [Wq; Wk; Wv] (insight's wiring probe zeroes them)."""
+        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        return [(self.qkv, slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)) for j in range(H_kv)]
 
 
 def visible_keys(start: int, n_queries: int, n_keys: int, key_positions: torch.Tensor | None, window: int | None,

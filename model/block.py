@@ -14,12 +14,21 @@ from torch import nn
 from model.attention import Attention
 from model.config import ModelConfig
 from model.ffn import FeedForward
-from model.kv_cache import KVCache
+from model.kv_cache import FullCache
 from model.mla import LatentAttention
 from model.moe import MoE
 from model.norms import make_norm
 from model.positions import Rotary
 from model.qk_norm import QKNorm
+
+
+ATTENTIONS = (Attention, LatentAttention)  # the attention kinds, the first the default of the estimators
+
+
+def attention_class(cfg: ModelConfig) -> type[Attention] | type[LatentAttention]:
+    """The attention kind of cfg's blocks, chosen here once: what it caches and can do at generation, asked of the
+    class where there is no model (the memory estimators)."""
+    return LatentAttention if cfg.attention == "mla" else Attention
 
 
 class Block(nn.Module):
@@ -28,8 +37,8 @@ class Block(nn.Module):
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
-        self.attn = LatentAttention(cfg, rotary, layer) if cfg.attention == "mla" else \
-            Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer,
+        self.attn = LatentAttention(cfg, rotary) if attention_class(cfg) is LatentAttention else \
+            Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
                       cfg.layer_windows[layer], cfg.sinks)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = MoE(cfg) if cfg.ffn == "moe" and layer >= cfg.dense_layers else \
@@ -37,7 +46,7 @@ class Block(nn.Module):
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.attn_norm(x), start, cache))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))

@@ -182,14 +182,6 @@ class ModelConfig:
     def n_local_layers(self) -> int:
         return sum(window is not None for window in self.layer_windows)
 
-    @property
-    def cache_layout(self) -> tuple[int, int, int]:
-        """What one layer's cache holds per token (model/kv_cache.py): (heads, key dims, value dims). MLA's is one
-        "head" whose key is [c_kv, k_R] and whose value is that key's c_kv part, stored once (0 value dims)."""
-        if self.attention == "mla":
-            return 1, self.kv_rank + self.rope_dim, 0
-        return self.n_kv_heads, self.head_dim, self.head_dim
-
     def validate(self) -> None:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",
                     "ffn_multiple_of"):
