@@ -39,12 +39,8 @@ from insight.figures import loss_by_position, png
 from insight.lengths import MODES, run_config, run_val_split, score, window_count
 from interop.load import load_model, loaded_line
 from model.positions import table_bytes
-<<<<<<< HEAD
-from model.rope_scaling import SCALINGS
-from parsing import whole_numbers
-=======
 from model.rope_scaling import SCALINGS, scales
->>>>>>> d-cache
+from parsing import whole_numbers
 from storage.checkpoint import check_vocab
 from storage.files import atomic_write, write_json, writing
 from training.config import autocast_for, eval_window_count
