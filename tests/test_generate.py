@@ -343,7 +343,7 @@ def test_stream_prints_multibyte_characters_whole(tokenizer, capsys):
     (["--max-new-tokens", "0"], "--max-new-tokens=0 must be in [1, 1,000,000]"),
     (["--max-new-tokens", "-3"], "--max-new-tokens=-3 must be in [1, 1,000,000]"),
     (["--max-new-tokens", "2000000"], "--max-new-tokens=2000000 must be in [1, 1,000,000]"),
-    (["--max-new-tokens", "ten"], "argument --max-new-tokens: invalid int value: 'ten'"),
+    (["--max-new-tokens", "ten"], "argument --max-new-tokens: 'ten' is not an integer written in ASCII digits"),
     (["--num-samples", "0"], "--num-samples=0 must be in [1, 1024]"),
     (["--num-samples", "100000"], "--num-samples=100000 must be in [1, 1024]"),
     (["--temperature", "-1"], "--temperature=-1.0 must be a finite number >= 0 (0 = greedy)"),

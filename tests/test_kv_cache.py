@@ -126,7 +126,7 @@ def test_projection_counts(capsys):
     (LLAMA2_7B + ["--kv-heads", "0"], "--kv-heads=0 must be a positive integer"),
     (LLAMA2_7B + ["--kv-heads", "8", "--batch", "-1"], "--batch=-1 must be a positive integer"),
     (["--layers", "32", "--seq", "10"], "give --kv-heads, --head-dim (or --ckpt / --hf-config)"),
-    (["--layers", "many"], "argument --layers: invalid int value: 'many'"),
+    (["--layers", "many"], "argument --layers: 'many' is not an integer written in ASCII digits"),
     (["--new-tokens", "0"], "--new-tokens=0 must be a positive integer"),
     (["--hf-config", "/nonexistent/config.json"], "--hf-config /nonexistent/config.json: cannot read it"),
     (["--ckpt", "/nonexistent"], "--ckpt /nonexistent: no checkpoint at /nonexistent"),
