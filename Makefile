@@ -20,8 +20,10 @@ test: $(VENV)/installed-$(TORCH)
 # the CPU index serves 2.13.0+cpu, which pip prefers to PyPI's 2.13.0 for torch==2.13.0
 $(VENV)/installed-$(TORCH): pyproject.toml
 	$(if $(wildcard $(VENV)/installed-$(if $(filter cpu,$(TORCH)),cuda,cpu)),rm -rf $(VENV))  # the other build: anew
+	@echo "make: first set-up: $(VENV) with torch 2.13.0 ($(TORCH) build, about 200 MB for cpu, several GB for cuda), then the"
+	@echo "make: project and its test and launcher extras (transformers, wandb, Hydra's plugins): a few minutes, once"
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet torch==2.13.0 $(if $(filter cpu,$(TORCH)),--extra-index-url $(CPU_INDEX))
-	$(VENV)/bin/pip install --quiet -e ".[test,cluster]"
+	$(VENV)/bin/pip install --progress-bar on torch==2.13.0 $(if $(filter cpu,$(TORCH)),--extra-index-url $(CPU_INDEX))
+	$(VENV)/bin/pip install --progress-bar on -e ".[test,cluster]"
 	rm -f $(VENV)/installed-*
 	touch $@
