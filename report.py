@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from cli import Parser
+from cli import Parser, run_command
 from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.kv_memory import BYTES_PER_ELEMENT
@@ -269,13 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     # One thread: these models' ops are too small to share, and on a busy machine a second thread makes each
     # step wait for both, so the decode timings would show the machine's load rather than the cache.
     torch.set_num_threads(1)
-    try:
-        folder = report(argv)
-    except UsageError as e:  # a write that fails (a full disk, a forbidden --out) too: an earlier report is intact
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"report: {folder / 'index.html'}")
-    return 0
+    # a write that fails (a full disk, a forbidden --out) is a UsageError too: an earlier report is intact
+    return run_command(lambda: print(f"report: {report(argv) / 'index.html'}"))
 
 
 if __name__ == "__main__":
