@@ -10,7 +10,7 @@
 3. evaluate (evaluate.py's main, in this process): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x; learned at 64 only),
    chunked and sliding (stride L / 2), on the val split's first 32,768 tokens; RoPE's pretrained checkpoints also
    under linear, NTK-aware and YaRN with s = L / L0 at each length, and dynamic NTK with s = 2, untrained for it.
-Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (sweep.launch: every job its own dir, a failed job fails
+Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (study/launch.py: every job its own dir, a failed job fails
 the stage); everything after -- goes to it. The same command resumes: finished runs and evaluations are kept.
 """
 import argparse
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 import evaluate  # noqa: E402  (after the path: run as a script from anywhere)
 from insight.figures import png  # noqa: E402
 from storage.files import write_bytes, write_json  # noqa: E402
-from sweep import launch, run_main, study_dir  # noqa: E402
+from study.launch import launch, run_main, study_dir  # noqa: E402
 
 L0 = 64
 LENGTHS = (64, 128, 256, 512)
@@ -39,7 +39,7 @@ MAX_TOKENS = 32768
 
 @dataclass(frozen=True)
 class Run:
-    """A training run of the study: a point of sweep.launch (its variant, name and settings)."""
+    """A training run of the study: a point of study.launch.launch (its variant, name and settings)."""
     variant: str
     name: str
     own: tuple = field(default=())
