@@ -25,35 +25,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import llama_cpp
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.decode import our_generation  # noqa: E402  (the repo root: bench.py's timing and our generation run)
+from benchmarks.llama_cpp import open_llama_cpp  # noqa: E402
 from benchmarks.timing import Device, machine, timed_alternately  # noqa: E402
 from interop.gguf_llama import DTYPES, write_gguf  # noqa: E402
 from model import Transformer  # noqa: E402
 from storage.checkpoint import load_checkpoint  # noqa: E402
 
 PROMPT_TOKENS, NEW_TOKENS, CONTEXT = 16, 512, 1024  # bench.py's decode sizes
-
-
-def open_llama_cpp(path: Path, n_ctx: int, threads: int, **settings) -> llama_cpp.Llama:
-    """llama_cpp.Llama on `path`, quiet; on a CPU with AMX, without weight repacking (llama-cli --no-repack):
-    llama.cpp's AMX repack of q8_0 weights segfaults at the first matmul there (llama.cpp issue 20824)."""
-    defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-    def no_repack():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-    if b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
-        llama_cpp.llama_cpp.llama_model_default_params = no_repack  # Llama() has no argument for it
-    try:
-        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                               verbose=False, **settings)
-    finally:
-        llama_cpp.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp_generation(path: Path, prompt: list[int], new_tokens: int, threads: int):
