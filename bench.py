@@ -2,7 +2,7 @@
 
     python bench.py [--device cpu|cuda] [--threads N] [--repeats N] [--json PATH] [--plot PATH] [--quick]
                     [--no-compile] [overrides]
-    python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each configs/ablation/ variant
+    python bench.py --ablation [--repeats N] [--json PATH] [overrides]   # training tokens/s of each ablation variant
     python bench.py --against DIR [--repeats N] [--json PATH] [overrides]  # this tree against another checkout
     python bench.py --caches [--long] [--repeats N] [--json PATH] [overrides]  # decode with GQA's, MQA's, MLA's caches
     python bench.py --streaming [--repeats N] [--json PATH] [overrides]  # 20,000 tokens past the context, 3 ways
@@ -21,8 +21,8 @@ import torch
 import transformers
 
 from benchmarks.against import OtherTree, against_peers, against_tables, bench_against
-from benchmarks.decode import bench_caches, bench_decode, bench_streaming, cache_peers, caches_tables, streaming_peers, \
-    streaming_tables
+from benchmarks.decode import (bench_caches, bench_decode, bench_streaming, cache_peers, caches_tables,
+                                streaming_peers, streaming_tables)
 from benchmarks.sizes import LONG_FACTOR, QUICK_LONG_FACTOR, STREAM_TOKENS, full_sizes, long_sizes, quick_sizes
 from benchmarks.tables import TARGETS, plot, table, training_table
 from benchmarks.timing import Device, machine, speed_table

@@ -46,8 +46,8 @@ from storage.files import write_json, writing
 from study.lr import grid_that_trains, largest_lr_that_trains, lr_sweep_lines
 from study.plots import lr_plot, plot
 from study.runs import LEARNING_RATE, SEED, Run, Variant, find_run_dirs, load_run, recorded_variants
-from study.tables import equal_time_budget, lr_curve_table, lr_table, markdown_table, routes, routing_table, \
-    unequal_training_note
+from study.tables import (equal_time_budget, lr_curve_table, lr_table, markdown_table, routes, routing_table,
+                          unequal_training_note)
 from study.variants import default_baseline, group_runs
 
 

@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def own_modules(root: Path) -> Callable[[], dict]:
     """A function giving the loaded modules that either tree names as its own (model, training.optim, errors, ...)."""
-    tops = {p.stem for base in (REPO, root) for p in base.iterdir() if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    tops = {p.stem for base in (REPO, root) for p in base.iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").is_file()}
     return lambda: {key: module for key, module in sys.modules.items() if key.partition(".")[0] in tops}
 
 

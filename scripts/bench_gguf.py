@@ -9,7 +9,7 @@ gguf writes it, once per --dtype; ours runs in float32 through generation.engine
 cache (generate.py's default). tokens/s = new tokens / the wall time of the whole generation, the prompt's
 prefill included, as bench.py counts. llama.cpp runs Llama.generate at temperature 0 (its C sampler, called from
 Python's loop, as a Python user runs it), its KV cache emptied before each run. The runs alternate
-(benchmarks.timing.timed_alternately: A B C, C B A, ...) after one untimed warm-up each. Printed per engine: the range and
+(benchmarks/timing.py: A B C, C B A, ...) after one untimed warm-up each. Printed per engine: the range and
 median of tokens/s over --repeats runs and, for llama.cpp, the ratio of medians to ours with the range of the
 per-round ratios; and whether llama.cpp's f32 tokens equal ours (positions past the trained context included,
 so a near-tie there may part them). Needs llama-cpp-python (pip install llama-cpp-python).

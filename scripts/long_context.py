@@ -7,7 +7,7 @@
    best lr (configs/ablation/), at context L0 = 64: 300 steps of 32 x 64 tokens, the ablation's token budget;
 2. finetune: RoPE's checkpoints go on at 4 L0 = 256 from their weights (train.init_from), 60 steps of 8 x 256
    tokens at lr 4e-4 (the pretraining's floor), under Position Interpolation (linear x4), YaRN (x4) or none;
-3. evaluate (python evaluate.py, one process a checkpoint): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x; learned at 64 only),
+3. evaluate (evaluate.py, a process for each): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x; learned at 64 only),
    chunked and sliding (stride L / 2), on the val split's first 32,768 tokens; RoPE's pretrained checkpoints also
    under linear, NTK-aware and YaRN with s = L / L0 at each length, and dynamic NTK with s = 2, untrained for it.
 Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (study/launch.py: every job its own dir, a failed job fails

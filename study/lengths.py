@@ -23,8 +23,9 @@ def evaluate_all(out: Path, eval_dir: Path, jobs: list[tuple[str, int, Path, lis
         file = eval_dir / ckpt.relative_to(out) / f"{row}-{'-'.join(flags[1::2][:2])}-{max_tokens}.json"
         if not file.exists():
             file.parent.mkdir(parents=True, exist_ok=True)
-            if subprocess.run([sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(ckpt), *flags, "--max-tokens",
-                               str(max_tokens), "--json", str(file), "--plot", str(file.with_suffix(".png"))]).returncode:
+            command = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(ckpt), *flags,
+                       "--max-tokens", str(max_tokens), "--json", str(file), "--plot", str(file.with_suffix(".png"))]
+            if subprocess.run(command).returncode:
                 raise SystemExit(f"evaluate.py failed on {ckpt}")
         result = json.loads(file.read_text())
         rows += [{"row": row, "seed": seed, "rope_factor": result["rope_factor"], **r} for r in result["results"]]

@@ -51,7 +51,8 @@ def variant_names(groups: list[list[Run]], ignored: tuple[str, ...]) -> list[str
     owns = [{key: flat.get(key) for key in differing if json.dumps(flat.get(key), default=str) != usual.get(key)}
             for flat in flats]
     names = [group[0].config.get("variant") or overrides_name(flat, own)
-             or ", ".join(f"{key}={value}" for key, value in own.items()) for group, flat, own in zip(groups, flats, owns)]
+             or ", ".join(f"{key}={value}" for key, value in own.items())
+             for group, flat, own in zip(groups, flats, owns)]
     places = [sweep_of(group[0].path) or group[0].path.resolve() for group in groups]
     common = Path(os.path.commonpath(places)) if places else None
     labels = []

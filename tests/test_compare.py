@@ -442,7 +442,8 @@ def test_variants_are_named_by_their_own_overrides_and_the_preset_alone_is_the_b
     preset_run(runs / "moe_tiny", ["model=moe_tiny", "train.lr=0.01"], 0, 1.80)
     compare.main([str(runs)])
     rows = table_rows(capsys.readouterr().out)
-    assert list(rows) == ["llama_tiny", "ffn=moe", "model=moe_tiny, train.lr=0.01", "model.d_model=64"]  # baseline first
+    # the baseline first, then as found
+    assert list(rows) == ["llama_tiny", "ffn=moe", "model=moe_tiny, train.lr=0.01", "model.d_model=64"]
     assert rows["llama_tiny"]["Δ bpb vs baseline"] == "(baseline)"
     assert float(rows["ffn=moe"]["Δ bpb vs baseline"]) == pytest.approx(-0.10)
     assert float(rows["model.d_model=64"]["Δ bpb vs baseline"]) == pytest.approx(0.20)
@@ -457,4 +458,5 @@ def test_two_presets_alone_are_named_by_their_presets_and_the_default_one_is_the
     preset_run(tmp_path / "llama", [], 0, 2.00)
     compare.main([str(tmp_path)])
     rows = table_rows(capsys.readouterr().out)
-    assert list(rows) == ["llama_tiny", "moe_tiny"] and float(rows["moe_tiny"]["Δ bpb vs baseline"]) == pytest.approx(-0.1)
+    assert list(rows) == ["llama_tiny", "moe_tiny"]
+    assert float(rows["moe_tiny"]["Δ bpb vs baseline"]) == pytest.approx(-0.1)
