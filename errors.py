@@ -1,7 +1,8 @@
 """The errors a user's input causes: a setting, a flag, a file or a directory that cannot be used as given.
 
-Each message names the setting and its value. Every script catches UsageError in one place, prints
-`error: <message>` as one line and exits 2; a subclass exists where a caller must tell one kind apart.
+Each message names the setting and its value. The scripts catch UsageError in one place (cli.run_command;
+train.py's run()), which prints `error: <message>` as one line and exits 2; a subclass exists where a caller must
+tell one kind apart.
 Nothing here imports anything, so every layer (model/ included) can raise them.
 """
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from cli import Parser
+from cli import Parser, run_command
 from errors import ConfigError, UsageError
 from generation.engine import SamplingError, check_sink_tokens
 from generation.memory import memory_shortfall
@@ -185,13 +185,13 @@ def stride(args, length: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-        with torch.no_grad(), autocast_for(torch.device(args.device)):  # training's eval precision
-            result = evaluate(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(lambda: evaluate_and_write(argv))
+
+
+def evaluate_and_write(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    with torch.no_grad(), autocast_for(torch.device(args.device)):  # training's eval precision
+        result = evaluate(args)
     writes = [(args.json, lambda path: write_json(path, result)),
               (args.plot, lambda path: atomic_write(path, lambda f: f.write(png(loss_by_position(result)))))]
     for path, write in writes:
@@ -200,12 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with writing(path):
                 write(path)
-        except UsageError as e:  # a full disk: the file is as it was, and the results are not lost
+        except UsageError:  # a full disk: the file is as it was, and the results are not lost
             if path == args.json or args.json is None:
                 print(json.dumps(result, indent=2))
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-    return 0
+            raise
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from safetensors.torch import save
 
-from cli import Parser
+from cli import Parser, run_command
 from errors import UsageError
 from interop.gguf import DTYPES, write_gguf
 from interop.hf import hf_config, hf_state_dict
@@ -92,36 +92,36 @@ def export_transformers(model: Transformer, ckpt_dir: Path, out: Path) -> list[s
 
 
 def main(argv: list[str] | None = None) -> int:
+    return run_command(lambda: export(argv))
+
+
+def export(argv: list[str] | None) -> int:
     parser = Parser(description=__doc__.split("\n")[0])
     parser.add_argument("--ckpt", required=True, help="a run dir (holding ckpt/) or a checkpoint dir")
     parser.add_argument("--out", required=True, help="the transformers directory or the .gguf file to write")
     parser.add_argument("--format", choices=("transformers", "gguf"), default="transformers")
     parser.add_argument("--dtype", choices=tuple(DTYPES), help="gguf only: the matrices' type (default f32)")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists (and is not empty)")
-    try:
-        args = parser.parse_args(argv)
-        if args.dtype is not None and args.format != "gguf":
-            raise UsageError(f"--dtype={args.dtype} applies to --format gguf only; transformers' export is float32")
-        out = Path(args.out)
-        check_out(out, args.format, args.force)
-        # read through the real path: a new run that moves outputs/latest meanwhile does not change what is exported
-        model, ckpt_dir = load_model(Path(args.ckpt).resolve())  # checks the tokenizer against the vocab size too
-        print(loaded_line(ckpt_dir), flush=True)
-        if args.format == "gguf":
-            notes = write_gguf(model, ckpt_dir / "tokenizer.model", out, args.dtype or "f32")
-            how = (f"run it with llama.cpp: llama-completion -m {args.out}, "
-                   f"or llama_cpp.Llama(model_path={str(args.out)!r})")
-        else:
-            notes = export_transformers(model, ckpt_dir, out)
-            how = f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})"
-    except UsageError as e:  # a write that fails too (a full disk): an existing --out is kept whole
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)
+    if args.dtype is not None and args.format != "gguf":
+        raise UsageError(f"--dtype={args.dtype} applies to --format gguf only; transformers' export is float32")
+    out = Path(args.out)
+    check_out(out, args.format, args.force)
+    # read through the real path: a new run that moves outputs/latest meanwhile does not change what is exported
+    model, ckpt_dir = load_model(Path(args.ckpt).resolve())  # checks the tokenizer against the vocab size too
+    print(loaded_line(ckpt_dir), flush=True)
+    # a write that fails (a full disk) is a UsageError too: an existing --out is kept whole
+    if args.format == "gguf":
+        notes = write_gguf(model, ckpt_dir / "tokenizer.model", out, args.dtype or "f32")
+        how = (f"run it with llama.cpp: llama-completion -m {args.out}, "
+               f"or llama_cpp.Llama(model_path={str(args.out)!r})")
+    else:
+        notes = export_transformers(model, ckpt_dir, out)
+        how = f"load it with transformers.AutoModelForCausalLM.from_pretrained({str(args.out)!r})"
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     print(f"wrote {args.out}: {how}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

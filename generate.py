@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from cli import Parser
+from cli import Parser, run_command
 from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.engine import Engine, SamplingError, check_sampling, compiled_decoder
@@ -110,23 +110,23 @@ class TextStream:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(argv)
-        model, ckpt_dir = load_model(args.ckpt, args.device)
-        tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
-        if args.rope_scaling:
-            model = model.with_rope_scaling(args.rope_scaling, args.rope_factor or 1.0)
-        prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
-        try:  # a learned table refuses a longer context here; tables, cache or window too large for the memory too
-            engine = Engine(model, tokenizer, context=args.context, sink_tokens=args.sink_tokens)
-            steps = engine.generate([prompt], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                                    args.seed, use_cache=not args.no_kv_cache,
-                                    eos_id=None if args.ignore_eos else tokenizer.eos_id, num_samples=args.num_samples)
-        except SamplingError as e:
-            raise as_flag(e) from None
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_command(lambda: generate(argv))
+
+
+def generate(argv: list[str] | None) -> int:
+    args = parse_args(argv)
+    model, ckpt_dir = load_model(args.ckpt, args.device)
+    tokenizer = check_vocab(model.cfg, ckpt_dir / "tokenizer.model")
+    if args.rope_scaling:
+        model = model.with_rope_scaling(args.rope_scaling, args.rope_factor or 1.0)
+    prompt = [tokenizer.bos_id] + tokenizer.encode(args.prompt)
+    try:  # a learned table refuses a longer context here; tables, cache or window too large for the memory too
+        engine = Engine(model, tokenizer, context=args.context, sink_tokens=args.sink_tokens)
+        steps = engine.generate([prompt], args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                                args.seed, use_cache=not args.no_kv_cache,
+                                eos_id=None if args.ignore_eos else tokenizer.eos_id, num_samples=args.num_samples)
+    except SamplingError as e:
+        raise as_flag(e) from None
 
     print(loaded_line(ckpt_dir), file=sys.stderr)  # stdout is the text alone
     if args.compile:

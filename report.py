@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from cli import Parser
+from cli import Parser, run_command
 from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.kv_memory import BYTES_PER_ELEMENT, estimated_bytes
@@ -31,6 +31,7 @@ from insight import attention, blocks, decode, experts, figures, lengths, page, 
 from model.attention import Attention
 from model.block import attention_class
 from model.mla import LatentAttention
+from insight.wandb_run import log_to_wandb, run_name, wandb_run_of
 from model.transformer import Transformer
 from interop.load import load_model, loaded_line
 from storage.checkpoint import CheckpointError, check_vocab, run_dir_of
@@ -124,37 +125,6 @@ def labels(configs: list[dict], names: list[str]) -> list[str]:
     return [f"{label} #{i + 1}" if found.count(label) > 1 else label for i, label in enumerate(found)]
 
 
-def run_name(run_dir: Path) -> str:
-    try:
-        return json.loads((run_dir / "summary.json").read_text())["name"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return run_dir.name
-
-
-def wandb_run_of(ckpt_dir: Path, path: str) -> dict:
-    """The W&B run train.py logged this checkpoint to: its project (config.yaml) and id (train_state.pt)."""
-    from omegaconf import OmegaConf
-
-    from training.state import STATE_FILE, progress_from
-
-    run_dir = run_dir_of(ckpt_dir)
-    if not (run_dir / "config.yaml").is_file() or not (ckpt_dir / STATE_FILE).is_file():
-        raise UsageError(f"--wandb: --ckpt {path} is not a train.py run's checkpoint (no {run_dir / 'config.yaml'} "
-                         f"or {ckpt_dir / STATE_FILE}), so it has no W&B run to log to")
-    try:
-        project = OmegaConf.load(run_dir / "config.yaml").wandb.project
-        wandb_id = progress_from(torch.load(ckpt_dir / STATE_FILE, weights_only=True)["progress"]).wandb_id
-    except Exception as e:  # a damaged config.yaml or train_state.pt, whichever way it fails
-        raise UsageError(f"--wandb: --ckpt {path}: cannot read its W&B run: {e}") from None
-    return {"project": project, "id": wandb_id, "name": run_name(run_dir), "dir": wandb_dir_of(run_dir, wandb_id)}
-
-
-def wandb_dir_of(run_dir: Path, wandb_id: str) -> Path:
-    """Where train.py wrote the run's W&B files: the run dir, or for a multirun's job the sweep dir above it."""
-    return next((folder for folder in (run_dir, *run_dir.parents) if any((folder / "wandb").glob(f"*-{wandb_id}"))),
-                run_dir)
-
-
 def out_dir(out: str | None, first_ckpt: Path) -> Path:
     """Where the report goes; a folder that exists must be an earlier report, since the new one replaces it whole."""
     folder = Path(out) if out else run_dir_of(first_ckpt) / "report"
@@ -217,21 +187,6 @@ def estimator(models: list[Transformer], names: list[str]) -> dict:
                         for p, kind in presets]}
 
 
-def log_to_wandb(runs: list[dict], folder: Path, pngs: list[str], tables: dict) -> None:
-    """The report's figures (wandb.Image, as report/<figure>) and tables (wandb.Table, as report/table/<name>),
-    into each checkpoint's run."""
-    import wandb
-
-    from training.tracking import wandb_mode
-
-    for run in runs:
-        with wandb.init(project=run["project"], id=run["id"], name=run["name"], dir=run["dir"], resume="allow",
-                        mode=wandb_mode(None)) as logged:
-            logged.log({f"report/{name.removesuffix('.png')}": wandb.Image(str(folder / name)) for name in pngs}
-                       | {f"report/table/{name}": wandb.Table(columns=t["columns"], data=t["rows"])
-                          for name, t in tables.items()})
-
-
 def report(argv: list[str] | None = None) -> Path:
     """Measures, draws and writes the report; returns its folder. Raises UsageError on bad input."""
     args = parse_args(argv)
@@ -273,13 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     # One thread: these models' ops are too small to share, and on a busy machine a second thread makes each
     # step wait for both, so the decode timings would show the machine's load rather than the cache.
     torch.set_num_threads(1)
-    try:
-        folder = report(argv)
-    except UsageError as e:  # a write that fails (a full disk, a forbidden --out) too: an earlier report is intact
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"report: {folder / 'index.html'}")
-    return 0
+    # a write that fails (a full disk, a forbidden --out) is a UsageError too: an earlier report is intact
+    return run_command(lambda: print(f"report: {report(argv) / 'index.html'}"))
 
 
 if __name__ == "__main__":

@@ -120,6 +120,12 @@ def flatten(config: dict, prefix: str = "") -> dict:
     return flat
 
 
+def ablation_variants() -> list[str]:
+    """The ablation's variants (`+experiment=ablation ablation=<variant>`): a variant is its file in
+    configs/ablation/, so adding one is adding its file. The baseline first, the rest by name."""
+    return sorted((path.stem for path in (CONFIG_DIR / "ablation").glob("*.yaml")), key=lambda v: (v != "baseline", v))
+
+
 def compose_config(overrides: list[str], return_hydra_config: bool = False) -> DictConfig:
     """configs/config.yaml with these command-line overrides, as train.py would see it. A mistyped key or
     value or an unknown group option is a ConfigError of one line; its __cause__ is Hydra's own error."""

@@ -9,7 +9,7 @@ gguf writes it, once per --dtype; ours runs in float32 through generation.engine
 cache (generate.py's default). tokens/s = new tokens / the wall time of the whole generation, the prompt's
 prefill included, as bench.py counts. llama.cpp runs Llama.generate at temperature 0 (its C sampler, called from
 Python's loop, as a Python user runs it), its KV cache emptied before each run. The runs alternate
-(bench.timed_alternately: A B C, C B A, ...) after one untimed warm-up each. Printed per engine: the range and
+(benchmarks/timing.py: A B C, C B A, ...) after one untimed warm-up each. Printed per engine: the range and
 median of tokens/s over --repeats runs and, for llama.cpp, the ratio of medians to ours with the range of the
 per-round ratios; and whether llama.cpp's f32 tokens equal ours (positions past the trained context included,
 so a near-tie there may part them). Needs llama-cpp-python (pip install llama-cpp-python).
@@ -25,34 +25,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-import llama_cpp
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import bench  # noqa: E402  (the repo root, for bench's timing and our generation run)
+from benchmarks.decode import our_generation  # noqa: E402  (the repo root: bench.py's timing and our generation run)
+from benchmarks.llama_cpp import open_llama_cpp  # noqa: E402
+from benchmarks.timing import Device, machine, timed_alternately  # noqa: E402
 from interop.gguf import DTYPES, write_gguf  # noqa: E402
 from model import Transformer  # noqa: E402
 from storage.checkpoint import load_checkpoint  # noqa: E402
 
 PROMPT_TOKENS, NEW_TOKENS, CONTEXT = 16, 512, 1024  # bench.py's decode sizes
-
-
-def open_llama_cpp(path: Path, n_ctx: int, threads: int, **settings) -> llama_cpp.Llama:
-    """llama_cpp.Llama on `path`, quiet; on a CPU with AMX, without weight repacking (llama-cli --no-repack):
-    llama.cpp's AMX repack of q8_0 weights segfaults at the first matmul there (llama.cpp issue 20824)."""
-    defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-    def no_repack():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-    if b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info():
-        llama_cpp.llama_cpp.llama_model_default_params = no_repack  # Llama() has no argument for it
-    try:
-        return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                               verbose=False, **settings)
-    finally:
-        llama_cpp.llama_cpp.llama_model_default_params = defaults
 
 
 def llama_cpp_generation(path: Path, prompt: list[int], new_tokens: int, threads: int):
@@ -78,17 +61,16 @@ def main() -> int:
     model.load_state_dict(trained.state_dict())
     prompt = torch.randint(model.cfg.vocab_size, (1, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
 
-    runs = {"ours (Engine, f32)": bench.our_generation(model, prompt, NEW_TOKENS, use_cache=True,
-                                                       device=bench.Device("cpu"))}
+    runs = {"ours (Engine, f32)": our_generation(model, prompt, NEW_TOKENS, use_cache=True, device=Device("cpu"))}
     with tempfile.TemporaryDirectory() as tmp:
         for dtype in args.dtype:
             path = Path(tmp) / f"model-{dtype}.gguf"
             write_gguf(model, ckpt_dir / "tokenizer.model", path, dtype)
             runs[f"llama.cpp, {dtype}"] = llama_cpp_generation(path, prompt[0].tolist(), NEW_TOKENS, args.threads)
         load_before = os.getloadavg()[0]
-        seconds, last, _ = bench.timed_alternately("decode, batch 1", runs, args.repeats, bench.Device("cpu"))
+        seconds, last, _ = timed_alternately("decode, batch 1", runs, args.repeats, Device("cpu"))
     ours = "ours (Engine, f32)"
-    print(f"{bench.machine(bench.Device('cpu'))} | {args.threads} threads | load {load_before:.1f} -> "
+    print(f"{machine(Device('cpu'))} | {args.threads} threads | load {load_before:.1f} -> "
           f"{os.getloadavg()[0]:.1f} | {model.num_params():,} parameters | batch 1, {PROMPT_TOKENS}-token prompt + "
           f"{NEW_TOKENS} new, greedy | {args.repeats} runs each\n")
     print("| engine | decode tokens/s, median | range | vs ours, ratio of medians | per-round ratios |")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,14 +26,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import export  # noqa: E402  (the repo root)
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.llama_cpp import open_llama_cpp  # noqa: E402  (the repo root)
 from data import eval_batches, prepare_data  # noqa: E402
 from generation.engine import Engine  # noqa: E402
 from interop.gguf import DTYPES  # noqa: E402
 from storage.checkpoint import load_checkpoint  # noqa: E402
 from training.config import check_train_config  # noqa: E402
-from bench_gguf import open_llama_cpp  # noqa: E402  (this folder)
 
 THREADS = 2
 
@@ -84,7 +85,8 @@ def main() -> int:
     rows = []
     for dtype in DTYPES:
         path = out_dir / f"model-{dtype}.gguf"
-        if export.main(["--ckpt", str(run), "--format", "gguf", "--dtype", dtype, "--out", str(path), "--force"]):
+        if subprocess.run([sys.executable, str(ROOT / "export.py"), "--ckpt", str(run), "--format", "gguf", "--dtype",
+                           dtype, "--out", str(path), "--force"]).returncode:
             return 2  # export printed why
         llm = open_llama_cpp(path, T, THREADS, n_batch=T, logits_all=True,
                              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)

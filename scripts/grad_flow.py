@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from errors import UsageError  # noqa: E402  (after the path: run as a script from anywhere)
+from cli import run_command  # noqa: E402  (after the path: run as a script from anywhere)
 from model import ModelConfig, Transformer  # noqa: E402
 from settings import compose_config  # noqa: E402
 from training.config import model_config  # noqa: E402
@@ -82,11 +82,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if min(args.depths) < 2:
         parser.error(f"--depths {min(args.depths)}: a first/last ratio needs at least 2 blocks")
-    try:
-        model_config_for(args.overrides)  # a bad override fails here, before any model is built
-    except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
+    if status := run_command(lambda: model_config_for(args.overrides)):  # a bad override fails before any model
+        sys.exit(status)
     print("| norm position | layers | stream ‖∂L/∂h₁‖ / ‖∂L/∂h_L‖ | params ‖∇θ₁‖ / ‖∇θ_L‖ | rms(h_L) / rms(h₁) |")
     print("|---|---:|---:|---:|---:|")
     for row in grad_flow_rows(args.depths, args.overrides, args.batch_size, args.seed):

@@ -7,10 +7,10 @@
    best lr (configs/ablation/), at context L0 = 64: 300 steps of 32 x 64 tokens, the ablation's token budget;
 2. finetune: RoPE's checkpoints go on at 4 L0 = 256 from their weights (train.init_from), 60 steps of 8 x 256
    tokens at lr 4e-4 (the pretraining's floor), under Position Interpolation (linear x4), YaRN (x4) or none;
-3. evaluate (evaluate.py's main, in this process): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x; learned at 64 only),
+3. evaluate (evaluate.py, a process for each): every checkpoint at 64, 128, 256 and 512 tokens (1x-8x; learned at 64 only),
    chunked and sliding (stride L / 2), on the val split's first 32,768 tokens; RoPE's pretrained checkpoints also
    under linear, NTK-aware and YaRN with s = L / L0 at each length, and dynamic NTK with s = 2, untrained for it.
-Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (sweep.launch: every job its own dir, a failed job fails
+Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (study/launch.py: every job its own dir, a failed job fails
 the stage); everything after -- goes to it. The same command resumes: finished runs and evaluations are kept.
 """
 import argparse
@@ -23,23 +23,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import evaluate  # noqa: E402  (after the path: run as a script from anywhere)
-from insight.figures import png  # noqa: E402
+from insight.figures import png  # noqa: E402  (after the path: run as a script from anywhere)
 from storage.files import write_bytes, write_json  # noqa: E402
-from sweep import launch, run_main, study_dir  # noqa: E402
+from study.launch import launch, run_main, study_dir  # noqa: E402
+from study.lengths import MAX_TOKENS, SEEDS, evaluate_all, table  # noqa: E402
 
 L0 = 64
 LENGTHS = (64, 128, 256, 512)
 LINES = ("baseline", "sinusoidal2017", "nope", "learned")
 FINETUNES = {"pi": ("linear", 4.0), "yarn": ("yarn", 4.0), "plain": ("none", 1.0)}
 UNTRAINED = ("linear", "ntk", "yarn", "dynamic")  # RoPE scalings read by the pretrained weights
-SEEDS = (0, 1, 2)
-MAX_TOKENS = 32768
 
 
 @dataclass(frozen=True)
 class Run:
-    """A training run of the study: a point of sweep.launch (its variant, name and settings)."""
+    """A training run of the study: a point of study.launch.launch (its variant, name and settings)."""
     variant: str
     name: str
     own: tuple = field(default=())
@@ -80,33 +78,6 @@ def evaluations(out: Path) -> list[tuple[str, int, Path, list[str]]]:
             jobs.append((f"finetune-{method}", seed, out / finetune_run(out, method, seed).name,
                          ["--lengths", ",".join(map(str, LENGTHS))]))
     return jobs
-
-
-def evaluate_all(out: Path, eval_dir: Path, jobs: list[tuple[str, int, Path, list[str]]],
-                 max_tokens: int = MAX_TOKENS) -> list[dict]:
-    """Every evaluation's JSON under eval_dir, one row per length and mode; jobs as evaluations() gives them (their
-    checkpoints under out), each scoring the val split's first max_tokens. A JSON is kept from an earlier call
-    where its name says it scored the same checkpoint, row, flags and tokens."""
-    rows = []
-    for row, seed, ckpt, flags in jobs:
-        file = eval_dir / ckpt.relative_to(out) / f"{row}-{'-'.join(flags[1::2][:2])}-{max_tokens}.json"
-        if not file.exists():
-            file.parent.mkdir(parents=True, exist_ok=True)
-            if evaluate.main(["--ckpt", str(ckpt), *flags, "--max-tokens", str(max_tokens), "--json", str(file),
-                              "--plot", str(file.with_suffix(".png"))]):
-                raise SystemExit(f"evaluate.py failed on {ckpt}")
-        result = json.loads(file.read_text())
-        rows += [{"row": row, "seed": seed, "rope_factor": result["rope_factor"], **r} for r in result["results"]]
-    return rows
-
-
-def table(rows: list[dict]) -> list[dict]:
-    """Mean and sample std over seeds of each (row, length, mode)."""
-    cells = {}
-    for r in rows:
-        cells.setdefault((r["row"], r["length"], r["mode"]), []).append(r["val_bpb"])
-    return [{"row": row, "length": length, "mode": mode, "seeds": len(v), "mean": statistics.mean(v),
-             "std": statistics.stdev(v) if len(v) > 1 else 0.0} for (row, length, mode), v in cells.items()]
 
 
 def degradation(rows: list[dict]) -> list[dict]:

@@ -15,7 +15,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import bench  # noqa: E402  (the repo root, for bench's models and decoding runs)
+from benchmarks.decode import our_generation, their_generation  # noqa: E402  (the repo root: bench.py's runs)
+from benchmarks.hf import build_pair  # noqa: E402
+from benchmarks.sizes import full_sizes  # noqa: E402
+from benchmarks.timing import Device  # noqa: E402
 from training.config import model_config  # noqa: E402
 
 
@@ -24,12 +27,12 @@ def main(argv=None):
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    sizes, device, new = bench.full_sizes(args.overrides), bench.Device("cpu"), args.new_tokens
+    sizes, device, new = full_sizes(args.overrides), Device("cpu"), args.new_tokens
     cfg = model_config(sizes.compose())  # as bench.py's decode runs build it
-    ours, theirs = bench.build_pair(replace(cfg, context_length=sizes.prompt_tokens + new), device)
+    ours, theirs = build_pair(replace(cfg, context_length=sizes.prompt_tokens + new), device)
     prompts = torch.randint(cfg.vocab_size, (1, sizes.prompt_tokens), generator=torch.Generator().manual_seed(0))
-    for name, run in (("this repo's Engine", bench.our_generation(ours.eval(), prompts, new, True, device)),
-                      ("transformers' generate", bench.their_generation(theirs.eval(), prompts, new, device))):
+    for name, run in (("this repo's Engine", our_generation(ours.eval(), prompts, new, True, device)),
+                      ("transformers' generate", their_generation(theirs.eval(), prompts, new, device))):
         run()
         started = time.perf_counter()
         run()

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import bench  # noqa: E402  (the repo root: bench's training peers and its alternating timer)
+from benchmarks.timing import Device, speed_rows, timed_alternately  # noqa: E402  (the repo root: bench.py's)
+from benchmarks.train_steps import our_peer, tokens_per_step  # noqa: E402
 from model import Transformer  # noqa: E402
 from model.config import MOE_SETTINGS  # noqa: E402
 from model.moe import MoE  # noqa: E402
@@ -142,12 +143,12 @@ def main(argv=None) -> None:
 
     moe_keys = tuple(f"model.{key}=" for key in MOE_SETTINGS)
     dense_overrides = [o for o in args.overrides if not o.startswith(("ffn=", *moe_keys))]
-    device = bench.Device("cpu")
-    peers = {"dense": bench.our_peer(compose_config(dense_overrides), device),
-             "moe": bench.our_peer(compose_config(args.overrides), device)}
-    seconds, _, _ = bench.timed_alternately("training steps", {name: lambda p=p: p.step(device)
+    device = Device("cpu")
+    peers = {"dense": our_peer(compose_config(dense_overrides), device),
+             "moe": our_peer(compose_config(args.overrides), device)}
+    seconds, _, _ = timed_alternately("training steps", {name: lambda p=p: p.step(device)
                                                                for name, p in peers.items()}, args.repeats, device)
-    rows = bench.speed_rows(seconds, bench.tokens_per_step(peers), "dense")
+    rows = speed_rows(seconds, tokens_per_step(peers), "dense")
     print(f"\nthe training step ({' '.join(dense_overrides)}; moe: {' '.join(args.overrides)}), tokens/s:")
     for name, row in rows.items():
         low, high = row["tokens_per_s_range"]

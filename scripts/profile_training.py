@@ -14,7 +14,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import bench  # noqa: E402  (the repo root, for bench's peers)
+from benchmarks.sizes import full_sizes  # noqa: E402  (the repo root: bench.py's peers)
+from benchmarks.timing import Device  # noqa: E402
+from benchmarks.train_steps import GPT2_SWITCHES, our_peer  # noqa: E402
 
 KINDS = ("Attention", "FeedForward", "RMSNorm", "LayerNorm", "Rotary", "Linear", "Embedding")
 
@@ -34,9 +36,9 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)
-    sizes, device = bench.full_sizes(args.overrides), bench.Device("cpu")
-    for name, switches in (("llama_tiny", ()), ("GPT-2 configuration", bench.GPT2_SWITCHES)):
-        peer = bench.our_peer(sizes.compose(*switches), device)  # bench.py's training row: its batch, its AdamW
+    sizes, device = full_sizes(args.overrides), Device("cpu")
+    for name, switches in (("llama_tiny", ()), ("GPT-2 configuration", GPT2_SWITCHES)):
+        peer = our_peer(sizes.compose(*switches), device)  # bench.py's training row: its batch, its AdamW
         peer.model.train()
         label_modules(peer.model)
         for _ in range(2):

@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 from errors import UsageError  # noqa: E402
 from insight.lengths import run_config  # noqa: E402
-from scripts.long_context import MAX_TOKENS, SEEDS, evaluate_all, table  # noqa: E402
 from storage.files import write_json  # noqa: E402
-from sweep import Point, run_main  # noqa: E402
+from study.launch import run_main  # noqa: E402
+from study.lengths import MAX_TOKENS, SEEDS, evaluate_all, table  # noqa: E402
+from study.lr_study import Point  # noqa: E402
 from training.config import model_config  # noqa: E402
 
 FACTORS = (1, 2, 4, 8)  # lengths as multiples of the trained context

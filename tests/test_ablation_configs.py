@@ -17,9 +17,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-import compare
 from model import ModelConfig, Transformer
-from settings import CONFIG_DIR, compose_config
+from settings import CONFIG_DIR, ablation_variants, compose_config
+from study.runs import SEED, Run
+from study.variants import variant_key
 from training.multirun import carry_swept_keys, no_keys_outside_a_multirun
 
 MODERN = {"qk_norm": "rmsnorm", "ffn": "relu2"}  # the winners of the study's new lines (docs/ablation.md)
@@ -153,13 +154,15 @@ def test_seeds_of_a_variant_are_one_group_for_compare_and_variants_are_not():
     keys = {}
     for point in ABLATION:
         config, _ = compose_run("+experiment=ablation", *point)
-        run = compare.Run(Path("/".join(point)), config, [], {}, None)
-        keys.setdefault(compare.variant_key(run, compare.SEED), set()).add(config["variant"])
+        run = Run(Path("/".join(point)), config, [], {}, None)
+        keys.setdefault(variant_key(run, SEED), set()).add(config["variant"])
     assert sorted(len(variants) for variants in keys.values()) == [1] * len(SWITCHES)
 
 
 def test_every_ablation_config_is_a_variant_or_a_probe_line():
     assert sorted(p.stem for p in (CONFIG_DIR / "ablation").glob("*.yaml")) == sorted({**SWITCHES, **PROBES})
+    # what sweep.py and bench.py --ablation run: the files, the baseline first
+    assert ablation_variants() == ["baseline", *sorted({**SWITCHES, **PROBES}.keys() - {"baseline"})]
 
 
 @pytest.mark.parametrize("variant", PROBES)

@@ -14,8 +14,15 @@ import torch
 from torch import nn
 
 import bench
+from benchmarks.against import OtherTree, against_peers, against_tables, bench_against
+from benchmarks.sizes import LONG_FACTOR, full_sizes, long_sizes, quick_sizes
+from benchmarks.timing import Device, speed_rows, speed_table
+from benchmarks.train_steps import COMPILED, Peer, ablation_peers, tokens_per_step, training_peers
+from errors import UsageError
+from model import Transformer
 from model.mla import LatentAttention
-from sweep import VARIANTS
+from settings import ablation_variants
+from training.config import model_config
 
 ROOT = Path(__file__).resolve().parents[1]
 THROUGHPUTS = ["decode_tokens_per_s", "hf_decode_tokens_per_s", "decode_b2_tokens_per_s", "hf_decode_b2_tokens_per_s",
@@ -24,7 +31,7 @@ THROUGHPUTS = ["decode_tokens_per_s", "hf_decode_tokens_per_s", "decode_b2_token
 PEERS = ["llama_tiny", "llama_tiny, train.compile=true", "GPT-2 configuration", "transformers LlamaForCausalLM",
          "transformers GPT2LMHeadModel", "llama_tiny norm=layernorm", "llama_tiny position=learned",
          "llama_tiny attention=mha", "llama_tiny ffn=gelu"]
-UNCOMPILED = [name for name in PEERS if name != bench.COMPILED]
+UNCOMPILED = [name for name in PEERS if name != COMPILED]
 
 
 def test_quick_run_writes_every_figure(tmp_path):
@@ -59,7 +66,7 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert training["transformers GPT2LMHeadModel"]["flops_per_token"] == 6 * gpt2 + attention
     n_params = 256 * 64 + 2 * (2 * 64 + 64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 64  # norms' gains too
     assert result["weight_bytes"] == 4 * n_params
-    # every target in bench.TARGETS whose rows ran is judged, and the printed table says what the JSON says
+    # every target in benchmarks.tables.TARGETS whose rows ran is judged, and the printed table says what the JSON says
     assert set(result["targets_met"]) == {"train_vs_gpt2", "train_vs_hf_llama", "decode_ratio", "decode_vs_limit",
                                           "cache_vs_nocache"}
     verdicts = [line.rsplit("|", 2)[1].strip() for line in proc.stdout.splitlines() if ": met |" in line
@@ -105,7 +112,7 @@ def norm_eps_of(model: nn.Module) -> set[float]:
             if "Norm" in type(m).__name__ and type(m).__name__ != "QKNorm" and id(m) not in latent}
 
 
-def assert_settings_reached(peer: bench.Peer) -> None:
+def assert_settings_reached(peer: Peer) -> None:
     assert norm_eps_of(peer.model) == {1e-3}
     adamw = [g for g in peer.optimizer.param_groups if "betas" in g]
     assert [(g["lr"], g["betas"]) for g in adamw] == [(0.0123, (0.8, 0.9))] * 2
@@ -114,7 +121,7 @@ def assert_settings_reached(peer: bench.Peer) -> None:
 
 
 def test_training_peers_are_built_from_every_override():
-    peers = bench.training_peers(bench.quick_sizes(OVERRIDES), bench.Device("cpu"))
+    peers = training_peers(quick_sizes(OVERRIDES), Device("cpu"))
     assert list(peers) == PEERS
     for name, peer in peers.items():
         assert_settings_reached(peer)
@@ -123,26 +130,26 @@ def test_training_peers_are_built_from_every_override():
     # the GPT-2 configuration's K/V heads come from configs/attention/mha.yaml: one per query head
     assert (peers["llama_tiny"].model.cfg.n_kv_heads, peers["GPT-2 configuration"].model.cfg.n_kv_heads) == (2, 4)
     assert peers["llama_tiny attention=mha"].model.cfg.n_kv_heads == 4
-    assert bench.training_peers(bench.quick_sizes([]), bench.Device("cpu"))["llama_tiny"].optimizer.param_groups[0][
+    assert training_peers(quick_sizes([]), Device("cpu"))["llama_tiny"].optimizer.param_groups[0][
         "lr"] == 2.5e-3  # without the override: configs/config.yaml's
 
 
 def test_ablation_peers_are_built_from_every_override():
-    peers = bench.ablation_peers(bench.quick_sizes(OVERRIDES), bench.Device("cpu"))
-    assert list(peers) == list(VARIANTS)
+    peers = ablation_peers(quick_sizes(OVERRIDES), Device("cpu"))
+    assert list(peers) == ablation_variants()
     for peer in peers.values():
         assert_settings_reached(peer)  # train.lr beats each variant's own learning rate
     assert peers["transformer2017"].model.cfg.embedding_scale == "transformer2017"
 
 
 def test_speed_rows_run_one_way():
-    peers = {name: bench.Peer(None, None, None, None, torch.zeros(2, 11)) for name in ("base", "fast", "slow")}
-    assert bench.tokens_per_step(peers) == {"base": 20, "fast": 20, "slow": 20}
-    rows = bench.speed_rows({"base": [1.0, 2.0, 3.0], "fast": [1.0], "slow": [4.0, 4.0]}, bench.tokens_per_step(peers),
+    peers = {name: Peer(None, None, None, None, torch.zeros(2, 11)) for name in ("base", "fast", "slow")}
+    assert tokens_per_step(peers) == {"base": 20, "fast": 20, "slow": 20}
+    rows = speed_rows({"base": [1.0, 2.0, 3.0], "fast": [1.0], "slow": [4.0, 4.0]}, tokens_per_step(peers),
                             "base")
     assert rows["base"]["tokens_per_s"] == 10.0 and rows["base"]["tokens_per_s_range"] == [20 / 3, 20.0]
     assert [rows[name]["vs_baseline"] for name in peers] == [1.0, 2.0, 0.5]  # faster than the baseline: above 1
-    table = bench.speed_table(rows, "model", "base", {"step s": lambda row: f"{row['step_s'][0]:.1f}"})
+    table = speed_table(rows, "model", "base", {"step s": lambda row: f"{row['step_s'][0]:.1f}"})
     assert table.splitlines() == ["| model | training tokens/s (median) | min - max | step s | vs base |",
                                   "|---|---:|---:|---:|---:|",
                                   "| base | 10 | 7 - 20 | 1.0 | 1.000x |",
@@ -156,7 +163,7 @@ def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
                            "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     speeds = json.loads(out.read_text())
-    assert list(speeds) == list(VARIANTS)
+    assert list(speeds) == ablation_variants()
     assert speeds["baseline"]["vs_baseline"] == 1.0
     for variant, r in speeds.items():
         low, high = r["tokens_per_s_range"]
@@ -207,8 +214,8 @@ def test_streaming_mode_generates_past_the_context_three_ways(tmp_path, capsys):
 
 
 def test_long_stretches_the_presets_context_with_yarn_and_fills_it():
-    sizes = bench.long_sizes(bench.full_sizes([]), bench.LONG_FACTOR)
-    model = bench.model_config(sizes.compose())
+    sizes = long_sizes(full_sizes([]), LONG_FACTOR)
+    model = model_config(sizes.compose())
     assert (model.context_length, model.original_context, model.rope_scaling, model.rope_factor) == (
         4096, 128, "yarn", 32)
     assert (sizes.decode_context, sizes.prompt_tokens + sizes.new_tokens) == (4096, 4096)
@@ -225,18 +232,18 @@ def checkout_copy(tmp_path: Path) -> Path:
 
 def test_against_times_this_tree_beside_another_checkout_on_the_same_weights(tmp_path):
     root = checkout_copy(tmp_path)
-    other = bench.OtherTree.load(root)
+    other = OtherTree.load(root)
     assert Path(other.transformer.forward.__code__.co_filename).is_relative_to(root)  # from the other tree's files
-    assert sys.modules["model"].Transformer is bench.Transformer  # and this tree's modules are back
-    sizes, cpu = bench.quick_sizes([]), bench.Device("cpu")
-    peers = bench.against_peers(other, sizes.compose(), cpu)  # checks that both give the same logits
+    assert sys.modules["model"].Transformer is Transformer  # and this tree's modules are back
+    sizes, cpu = quick_sizes([]), Device("cpu")
+    peers = against_peers(other, sizes.compose(), cpu)  # checks that both give the same logits
     assert peers[str(root)].tokens is peers["this tree"].tokens
     assert torch.equal(peers[str(root)].model.lm_head.weight, peers["this tree"].model.lm_head.weight)
-    r = bench.bench_against(other, peers, sizes, 1, cpu)
+    r = bench_against(other, peers, sizes, 1, cpu)
     for key in ("training", "decode_b1", "decode_b2"):
         assert list(r[key]) == ["this tree", str(root)] and r[key][str(root)]["vs_baseline"] == 1.0
     assert r["decode_b1_same_tokens"] and r["decode_b2_same_tokens"]
-    table = bench.against_tables(r, sizes)
+    table = against_tables(r, sizes)
     assert f"| this tree | {r['decode_b2']['this tree']['tokens_per_s']:,.0f} |" in table
 
 
@@ -258,5 +265,5 @@ def test_against_refuses_a_tree_whose_model_computes_other_logits(tmp_path):
     source = transformer.read_text()
     assert "        x = self.tok_emb(tokens)\n" in source
     transformer.write_text(source.replace("        x = self.tok_emb(tokens)\n", "        x = 2 * self.tok_emb(tokens)\n"))
-    with pytest.raises(bench.UsageError, match=r"its model's logits differ from this tree's by .* it is another model"):
-        bench.against_peers(bench.OtherTree.load(root), bench.quick_sizes([]).compose(), bench.Device("cpu"))
+    with pytest.raises(UsageError, match=r"its model's logits differ from this tree's by .* it is another model"):
+        against_peers(OtherTree.load(root), quick_sizes([]).compose(), Device("cpu"))

@@ -9,8 +9,13 @@ import numpy as np
 import pytest
 import yaml
 from matplotlib.image import imread
+from omegaconf import OmegaConf
 
 import compare
+from settings import compose_config
+from study.plots import bpb_curve
+from study.runs import find_run_dirs, load_run
+from study.variants import group_runs
 
 MAX_STEPS = 6
 TOKENS_PER_STEP = 1000
@@ -278,9 +283,9 @@ def test_an_equal_time_comparison_against_a_hand_computation(tmp_path, capsys):
     assert "equal wall-clock: every run trained for train.time_budget=60 s" in out and "note:" not in out
     # the plot's x is seconds: relu's evals at steps 2 and 4 and the three last evals (steps 8, 8, 5) are 3 points;
     # step 6, which seed 2 never reached, would average two runs of three
-    relu = next(v for v in compare.group_runs([compare.load_run(d) for d in compare.find_run_dirs(tmp_path)])
+    relu = next(v for v in group_runs([load_run(d) for d in find_run_dirs(tmp_path)])
                 if v.name == "relu")
-    xs, mean, low, high = compare.bpb_curve(relu, "elapsed_s")
+    xs, mean, low, high = bpb_curve(relu, "elapsed_s")
     assert xs == pytest.approx([0.4, 0.8, (1.6 + 1.6 + 1.0) / 3])
     assert (mean[-1], low[-1], high[-1]) == pytest.approx((2.33, 2.30, 2.36))
     assert imread(tmp_path / "time.png").shape[1] > 600
@@ -370,9 +375,9 @@ def test_a_variant_whose_runs_evaluated_once_is_a_point_on_the_curves(tmp_path, 
     write_run(tmp_path / "every2" / "seed0", "every2", 0, 2.0)
     compare.main([str(tmp_path), "--plot", str(tmp_path / "curves.png")])
     assert table_rows(capsys.readouterr().out)["once"]["val bpb"] == "2.3000"
-    once = next(v for v in compare.group_runs([compare.load_run(d) for d in compare.find_run_dirs(tmp_path)])
+    once = next(v for v in group_runs([load_run(d) for d in find_run_dirs(tmp_path)])
                 if v.name == "once")
-    assert compare.bpb_curve(once, "tokens") == ([MAX_STEPS * TOKENS_PER_STEP], [2.3], [2.3], [2.3])
+    assert bpb_curve(once, "tokens") == ([MAX_STEPS * TOKENS_PER_STEP], [2.3], [2.3], [2.3])
     assert imread(tmp_path / "curves.png").shape[1] > 600
 
 
@@ -414,3 +419,44 @@ def test_the_routing_of_mixture_of_experts_variants_against_a_hand_computation(t
     max_vio, entropy = mean_pm_std(routing["moe"]["MaxVio"]), mean_pm_std(routing["moe"]["router entropy / ln E"])
     assert max_vio == pytest.approx((np.mean([0.3, 0.2]), np.std([0.3, 0.2], ddof=1)), abs=1e-4)
     assert entropy == pytest.approx((np.mean([0.8, 0.7]), np.std([0.8, 0.7], ddof=1)), abs=1e-4)
+
+
+def preset_run(run_dir, overrides, seed, final_bpb):
+    """A run dir whose config.yaml holds every setting `python train.py <overrides>` composes, as train.py's does."""
+    write_run(run_dir, None, seed, final_bpb)
+    config = OmegaConf.to_container(compose_config([*overrides, f"train.seed={seed}", f"train.max_steps={MAX_STEPS}"]),
+                                    resolve=True)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_variants_are_named_by_their_own_overrides_and_the_preset_alone_is_the_baseline(tmp_path, capsys):
+    """Runs of `python train.py`, `... ffn=moe`, `... model.d_model=64` (two seeds each) and `... model=moe_tiny
+    train.lr=0.01`: each named by the overrides that give its own settings, not by the dozen settings a MoE changes
+    (nor by train.muon_lr, which follows train.lr); the preset run with no override is the baseline without
+    --baseline, which still takes any short name."""
+    runs = tmp_path / "outputs"
+    for seed in range(2):
+        preset_run(runs / f"default{seed}", [], seed, 2.00 + 0.02 * seed)
+        preset_run(runs / f"moe{seed}", ["ffn=moe"], seed, 1.90 + 0.02 * seed)
+        preset_run(runs / f"small{seed}", ["model.d_model=64"], seed, 2.20 + 0.02 * seed)
+    preset_run(runs / "moe_tiny", ["model=moe_tiny", "train.lr=0.01"], 0, 1.80)
+    compare.main([str(runs)])
+    rows = table_rows(capsys.readouterr().out)
+    # the baseline first, then as found
+    assert list(rows) == ["llama_tiny", "ffn=moe", "model=moe_tiny, train.lr=0.01", "model.d_model=64"]
+    assert rows["llama_tiny"]["Δ bpb vs baseline"] == "(baseline)"
+    assert float(rows["ffn=moe"]["Δ bpb vs baseline"]) == pytest.approx(-0.10)
+    assert float(rows["model.d_model=64"]["Δ bpb vs baseline"]) == pytest.approx(0.20)
+
+    compare.main([str(runs), "--baseline", "ffn=moe"])
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows)[0] == "ffn=moe" and float(rows["llama_tiny"]["Δ bpb vs baseline"]) == pytest.approx(0.10)
+
+
+def test_two_presets_alone_are_named_by_their_presets_and_the_default_one_is_the_baseline(tmp_path, capsys):
+    preset_run(tmp_path / "moe", ["model=moe_tiny"], 0, 1.90)
+    preset_run(tmp_path / "llama", [], 0, 2.00)
+    compare.main([str(tmp_path)])
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["llama_tiny", "moe_tiny"]
+    assert float(rows["moe_tiny"]["Δ bpb vs baseline"]) == pytest.approx(-0.1)

@@ -11,6 +11,8 @@ can hide an arrow). A module may import its own package and any layer below its 
     training/ | generation/               train.py's helpers | sampling and the KV-cache estimator (siblings:
                                           neither imports the other)
     insight/                              report.py's measurements, drawn from training's and generation's
+    benchmarks/ | study/                  bench.py's peers, timers and tables | compare.py's and sweep.py's runs,
+                                          tables and launches (siblings)
     the scripts                           every other root module (train.py, generate.py, ...) and scripts/
 
 The layers are named by package, so a new file in a package needs no change here; a new package does."""
@@ -19,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"errors", "parsing", "cli", "storage.files"}
-LAYERS = ["model", "settings", "data", "storage", "interop", ("training", "generation"), "insight"]
+LAYERS = ["model", "settings", "data", "storage", "interop", ("training", "generation"), "insight",
+          ("benchmarks", "study")]
 
 
 def layer(module: str) -> tuple[int, str]:

@@ -18,6 +18,7 @@ from tqdm import tqdm
 import compare
 from data_helpers import ROOT, TRAIN, TRAIN_ENV, hashes, run_script, summary
 from settings import compose_config
+from study.runs import find_run_dirs, load_run
 from training.multirun import RECORDS, run_job
 from training.run_lock import dir_lock, lock_holder
 
@@ -59,10 +60,10 @@ def lr_sweep(workdir, tiny):
 
 @LR_SWEEP
 def test_an_lr_multirun_keeps_every_run_in_a_dir_of_its_own(lr_sweep):
-    runs = sorted(str(d.relative_to(lr_sweep)) for d in compare.find_run_dirs(lr_sweep))
+    runs = sorted(str(d.relative_to(lr_sweep)) for d in find_run_dirs(lr_sweep))
     assert runs == [f"{variant}/train.lr={lr},train.seed=0" for variant in ("baseline", "postnorm")
                     for lr in ("0.001", "0.01")]
-    assert all(compare.load_run(lr_sweep / run).problem is None for run in runs)
+    assert all(load_run(lr_sweep / run).problem is None for run in runs)
 
 
 @LR_SWEEP

@@ -18,6 +18,8 @@ from matplotlib.image import imread
 import compare
 import sweep
 from data_helpers import ROOT, TRAIN_ENV, write_corpus
+from study.launch import check_overrides
+from study.lr_study import Point
 from training.multirun import RECORDS
 from training.run_lock import dir_lock, lock_holder
 
@@ -255,7 +257,7 @@ def _alive(pid: int) -> bool:
 
 def test_the_slurm_command_of_docs_cluster_md_composes():
     """The overrides docs/cluster.md gives for a SLURM cluster are settings of the submitit_slurm launcher."""
-    sweep.check_overrides(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
-                           "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=8",
-                           "hydra.launcher.timeout_min=30", "hydra.launcher.array_parallelism=32"],
-                          [sweep.Point("baseline", 1e-3)])
+    check_overrides(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
+                     "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=8",
+                     "hydra.launcher.timeout_min=30", "hydra.launcher.array_parallelism=32"],
+                    [Point("baseline", 1e-3)])
