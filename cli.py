@@ -21,13 +21,18 @@ def decimal(text: str) -> float:
     return number
 
 
+def ascii_numbers(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The parser, its type=int and type=float flags reading ASCII digits only (parsing.py: Python's own read any
+    script's digits). The registry is argparse's hook for a type's converter, which argument groups share."""
+    parser.register("type", int, integer)
+    parser.register("type", float, decimal)
+    return parser
+
+
 class Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # type=int and type=float read ASCII digits only (parsing.py: Python's own read any script's digits); the
-        # registry is argparse's hook for a type's converter, which argument groups share
-        self.register("type", int, integer)
-        self.register("type", float, decimal)
+        ascii_numbers(self)
 
     def error(self, message):
         raise UsageError(message)

@@ -40,7 +40,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cli import run_command
+from cli import ascii_numbers, run_command
 from errors import UsageError
 from storage.files import write_json, writing
 from study.lr import grid_that_trains, largest_lr_that_trains, lr_sweep_lines
@@ -113,7 +113,7 @@ def main(argv=None) -> None:
 
 
 def compare(argv) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("dirs", nargs="+", type=Path, help="run dirs or folders above them (a multirun dir)")
     parser.add_argument("--plot", type=Path, help="write val bpb vs tokens to this PNG")
     parser.add_argument("--lr-plot", type=Path, help="a learning-rate sweep: final val bpb vs lr to this PNG")

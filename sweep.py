@@ -34,14 +34,15 @@ ended; while a multirun of an earlier call still runs in OUT, a call is one `err
 import argparse
 from pathlib import Path
 
+from cli import ascii_numbers
 from settings import ablation_variants
 from study.launch import run_main
 from study.lr_study import GRID, PROBE, run_study
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__))
     parser.add_argument("--out", type=Path, default=Path("multirun/lr_sweep"), help="the study's dir")
     variants = ablation_variants()  # configs/ablation/'s files
     parser.add_argument("--variants", nargs="+", default=variants, choices=variants)

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cli import ascii_numbers  # noqa: E402
 from benchmarks.decode import our_generation  # noqa: E402  (the repo root: bench.py's timing and our generation run)
 from benchmarks.llama_cpp import open_llama_cpp  # noqa: E402
 from benchmarks.timing import Device, machine, timed_alternately  # noqa: E402
@@ -49,7 +50,7 @@ def llama_cpp_generation(path: Path, prompt: list[int], new_tokens: int, threads
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     parser.add_argument("--ckpt", required=True, help="a run dir or checkpoint dir (a LLaMA)")
     parser.add_argument("--dtype", nargs="+", choices=tuple(DTYPES), default=list(DTYPES))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, from any dir
 
+from cli import ascii_numbers  # noqa: E402
 from settings import ablation_variants  # noqa: E402
 from study.launch import check_overrides, launch, run_main, study_dir  # noqa: E402
 
@@ -33,8 +34,8 @@ class Run:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__))
     parser.add_argument("--out", type=Path, default=Path("multirun/equal_time"), help="the study's dir")
     parser.add_argument("--variants", nargs="+", required=True, choices=ablation_variants())
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run and the launcher, after --")

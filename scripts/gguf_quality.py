@@ -28,6 +28,7 @@ from transformers import AutoModelForCausalLM
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from cli import ascii_numbers  # noqa: E402
 from benchmarks.llama_cpp import open_llama_cpp  # noqa: E402  (the repo root)
 from data import eval_batches, prepare_data  # noqa: E402
 from generation.engine import Engine  # noqa: E402
@@ -60,7 +61,7 @@ def val_documents(stream: np.ndarray, bos: int, eos: int) -> list[list[int]]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n")[0]))
     parser.add_argument("--run", required=True, help="a run dir: its config.yaml gives the data and the val set")
     parser.add_argument("--out-dir", help="where the .gguf files go (default: a temporary folder)")
     parser.add_argument("--prompt", default="ROMEO:")

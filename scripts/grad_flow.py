@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli import run_command  # noqa: E402  (after the path: run as a script from anywhere)
+from cli import ascii_numbers, run_command  # noqa: E402  (after the path: run as a script from anywhere)
 from model import ModelConfig, Transformer  # noqa: E402
 from settings import compose_config  # noqa: E402
 from training.config import model_config  # noqa: E402
@@ -74,7 +74,7 @@ def grad_flow_rows(depths: list[int], overrides: list[str], batch_size: int, see
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 12, 24])
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)

@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cli import ascii_numbers  # noqa: E402
 from insight.figures import png  # noqa: E402  (after the path: run as a script from anywhere)
 from storage.files import write_bytes, write_json  # noqa: E402
 from study.launch import launch, run_main, study_dir  # noqa: E402
@@ -142,7 +143,7 @@ def figure(rows: list[dict]):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--json", type=Path, help="the table and every evaluation's rows")
     parser.add_argument("overrides", nargs="*", help="after --: the multiruns' launcher and its settings")

@@ -15,6 +15,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cli import ascii_numbers  # noqa: E402
 from benchmarks.decode import our_generation, their_generation  # noqa: E402  (the repo root: bench.py's runs)
 from benchmarks.hf import build_pair  # noqa: E402
 from benchmarks.sizes import full_sizes  # noqa: E402
@@ -23,7 +24,7 @@ from training.config import model_config  # noqa: E402
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)

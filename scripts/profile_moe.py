@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cli import ascii_numbers  # noqa: E402
 from benchmarks.timing import Device, speed_rows, timed_alternately  # noqa: E402  (the repo root: bench.py's)
 from benchmarks.train_steps import our_peer, tokens_per_step  # noqa: E402
 from model import Transformer  # noqa: E402
@@ -82,7 +83,7 @@ def timed(run, repeats: int) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--tokens", type=int, default=16 * 128, help="tokens a step (the ablation's 16 x 128)")
     parser.add_argument("overrides", nargs="*", default=["+experiment=ablation", "ffn=moe"])

@@ -14,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from cli import ascii_numbers  # noqa: E402
 from benchmarks.sizes import full_sizes  # noqa: E402  (the repo root: bench.py's peers)
 from benchmarks.timing import Device  # noqa: E402
 from benchmarks.train_steps import GPT2_SWITCHES, our_peer  # noqa: E402
@@ -32,7 +33,7 @@ def label_modules(model: torch.nn.Module) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args(argv)

@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from cli import ascii_numbers  # noqa: E402
 from data.sources import shakespeare  # noqa: E402  (after the path: run as a script from anywhere)
 from storage.files import write_json  # noqa: E402
 
@@ -63,7 +64,7 @@ def train(folder: Path, vocab: int, seed: int, out: Path, model: str, budget: st
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--plays", type=int, nargs="+", default=[2, 8, 38], help="subset sizes, in plays")
     parser.add_argument("--vocabs", type=int, nargs="+", default=[512, 1024, 2048, 4096])

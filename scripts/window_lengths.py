@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, from any dir
 
+from cli import ascii_numbers  # noqa: E402
 from errors import UsageError  # noqa: E402
 from insight.lengths import run_config  # noqa: E402
 from storage.files import write_json  # noqa: E402
@@ -66,8 +67,8 @@ def costs(rows: list[dict]) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__))
     parser.add_argument("study", type=Path, help="a sweep.py study dir, with its best_lr.json")
     parser.add_argument("--json", type=Path, help="the table, the paired costs and every evaluation's rows")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="the val split's first tokens to score")
