@@ -1,5 +1,6 @@
 """Shared test settings, the fixtures of the modules that run train.py on a tiny model, and the interop tests'
 tokenizer."""
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,8 @@ def descendants():
     seen = Descendants().start()
     yield seen
     seen.stop()
+    if "wandb" in sys.modules:  # its service (wandb-core), which the suite's in-process runs share, ends with them
+        sys.modules["wandb"].teardown()
     left = seen.outliving()
     assert not left, f"processes the suite started outlived it (killed now): {left}"
 

@@ -226,7 +226,8 @@ def checkout_copy(tmp_path: Path) -> Path:
     root = tmp_path / "other"
     for name in ("model", "training", "generation"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy(ROOT / "errors.py", root)
+    for name in ("errors.py", "parsing.py"):  # the base modules model/ imports
+        shutil.copy(ROOT / name, root)
     return root
 
 
