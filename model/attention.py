@@ -58,6 +58,10 @@ class Attention(nn.Module):
         self.rotary = rotary
         self.dropout = dropout
 
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
+        return [self.out.weight]
+
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm, then rotated with RoPE."""
         B, T, _ = x.shape

@@ -37,6 +37,11 @@ class Block(nn.Module):
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weights that write the block's two branches into the residual stream, in parameter order: what
+        GPT-2's scaled init draws again (model/transformer.py)."""
+        return [*self.attn.residual_weights(), *self.ffn.residual_weights()]
+
     def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.attn_norm(x), start, cache))

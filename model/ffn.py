@@ -40,6 +40,10 @@ class FeedForward(nn.Module):
         self.w_in.stacked_rows = (2 if self.gated else 1) * [d_ff]
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
 
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weight this FFN writes into the residual stream with: W2 (GPT-2's scaled init)."""
+        return [self.w_out.weight]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)
         if self.gated:

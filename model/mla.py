@@ -64,6 +64,10 @@ class LatentAttention(nn.Module):
         self.rotary = rotary
         self.dropout = cfg.dropout
 
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
+        return [self.out.weight]
+
     def project(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D + d_R] ([q_C, q_R], q_R rotated) and the cached latent [c_kv, k_R]: [B, 1, T, d_c + d_R]."""
         B, T, _ = x.shape

@@ -74,6 +74,11 @@ class MoE(nn.Module):
         self.last = {}  # the last forward's routing, detached: its loads, entropy and choices (evaluate, insight/)
         self.terms = {}  # a forward with gradients: the balance terms its loss adds, until taken (take_terms)
 
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weights this FFN writes into the residual stream with: every expert's W2, then the shared experts'
+        (GPT-2's scaled init)."""
+        return [self.experts_out.weight, *(self.shared.residual_weights() if self.shared is not None else [])]
+
     def route(self, x: torch.Tensor) -> Routing:
         """x: [N, d] -> the formula's choices and gates, in float32 at least (float64 stays float64)."""
         dtype = torch.promote_types(x.dtype, torch.float32)

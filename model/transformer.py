@@ -50,11 +50,11 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
         if cfg.embedding_scale == "transformer2017":
             nn.init.normal_(self.tok_emb.weight, std=embed_std)
-        # GPT-2's scaled init: each residual branch's output projection by 1/sqrt(2 * n_layers),
-        # so the residual stream's variance does not grow with depth.
-        for name, p in self.named_parameters():
-            if name.endswith(("attn.out.weight", "ffn.w_out.weight", "ffn.experts_out.weight", "shared.w_out.weight")):
-                nn.init.normal_(p, std=INIT_STD / math.sqrt(2 * cfg.n_layers))
+        # GPT-2's scaled init: the weights each residual branch writes into the stream with (each block's own
+        # declaration, block by block) by 1/sqrt(2 * n_layers), so the stream's variance does not grow with depth.
+        for block in self.blocks:
+            for weight in block.residual_weights():
+                nn.init.normal_(weight, std=INIT_STD / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module):
