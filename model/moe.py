@@ -17,10 +17,12 @@ The router runs in float32 at least, whatever autocast computes the rest in: in 
 apart, so top-k would break many exact ties by expert index (transformers' routers compute in float32 too).
 
 b: [E] is the loss-free balancing bias (Wang et al. 2024, DeepSeek-V3), a buffer: it moves which experts are
-chosen, never their gates, and after each optimizer step (update_bias) it moves by model.router_bias_rate
+chosen, never their gates, and after each optimizer step (after_optimizer_step) it moves by model.router_bias_rate
 towards balance, b_e += rate * sign(mean load - load_e), from that step's loads, outside the gradient.
 
-The balance losses, added to the language-model loss (Transformer.balance_loss), each logged apart:
+The balance losses, the block's auxiliary losses (Transformer.aux_losses): weighted by model.router_aux_coef and
+model.router_z_coef, they join the language-model loss (Transformer.aux_loss), each logged apart as router_aux and
+router_z:
     aux = E * sum_e f_e P_e        f_e: the fraction of the N k choices that went to e; P_e: the mean over
                                    tokens of p_e / sum(p) (Switch, OLMoE): 1 when both are uniform
     z   = mean_n (logsumexp_e s_ne)^2     the router z-loss (ST-MoE): keeps the scores small
@@ -72,7 +74,9 @@ class MoE(nn.Module):
         self.register_buffer("bias", torch.zeros(E))  # loss-free balancing: saved, resumed, never trained
         self.register_buffer("step_counts", torch.zeros(E), persistent=False)  # choices since the last update
         self.last = {}  # the last forward's routing, detached: its loads, entropy and choices (evaluate, insight/)
-        self.terms = {}  # a forward with gradients: the balance terms its loss adds, until taken (take_terms)
+        self.terms = {}  # a forward with gradients: the balance terms its loss adds, until taken (take_aux_losses)
+        # each balance term's weight in the model's loss, by the name it is logged under
+        self.aux_weights = {"router_aux": cfg.router_aux_coef, "router_z": cfg.router_z_coef}
 
     def residual_weights(self) -> list[nn.Parameter]:
         """The weights this FFN writes into the residual stream with: every expert's W2, then the shared experts'
@@ -139,18 +143,22 @@ class MoE(nn.Module):
         entropy = -(shares * shares.clamp_min(1e-30).log()).sum(dim=-1).mean() / math.log(self.n_experts)
         self.last = {"load": load, "entropy": entropy.detach(), "chosen": routing.chosen}
         if torch.is_grad_enabled():
-            self.terms = {"aux": self.n_experts * (load * shares.mean(dim=0)).sum(),  # E sum_e f_e P_e
-                          "z": routing.scores.logsumexp(dim=-1).square().mean()}
+            self.terms = {"router_aux": self.n_experts * (load * shares.mean(dim=0)).sum(),  # E sum_e f_e P_e
+                          "router_z": routing.scores.logsumexp(dim=-1).square().mean()}
         if self.training:
             self.step_counts += counts.to(self.step_counts.dtype)
 
-    def take_terms(self) -> dict[str, torch.Tensor]:
+    def take_aux_losses(self) -> dict[str, torch.Tensor]:
         """The last forward's balance terms, once: a step's loss takes them, and nothing keeps its graph after."""
         terms, self.terms = self.terms, {}
         return terms
 
     @torch.no_grad()
-    def update_bias(self, counts: torch.Tensor) -> None:
-        """After an optimizer step, from that step's choices per expert (every process's, summed): the
-        underloaded experts' bias rises by the rate, the overloaded ones' falls."""
-        self.bias += self.bias_rate * torch.sign(counts.mean() - counts).to(self.bias.dtype)
+    def after_optimizer_step(self, reduce) -> None:
+        """The loss-free bias, from the step's choices per expert, reduce(counts) giving every process's (a sum; a
+        mean would do, the update reading only their signs against their mean): the underloaded experts' bias rises
+        by the rate, the overloaded ones' falls. The counts start again."""
+        if self.bias_rate:  # every process has the same rate: all of them reduce, or none
+            counts = reduce(self.step_counts.clone())
+            self.bias += self.bias_rate * torch.sign(counts.mean() - counts).to(self.bias.dtype)
+        self.step_counts.zero_()
