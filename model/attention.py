@@ -62,6 +62,15 @@ class Attention(nn.Module):
         """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
         return [self.out.weight]
 
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token of block `layer`'s attention in a causal sequence of seq_len tokens (2 per
+        multiply-add): the projections 2 d (H + 2 H_kv) D + 2 H D d, and q k^T and the weights times v, 2 H D each per
+        key seen, over mean_keys_seen's span (the window's in a local layer). The sink logit multiplies nothing."""
+        H, D, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        span = mean_keys_seen(seq_len, cfg.layer_windows[layer])
+        return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + 2 * 2 * H * D * span
+
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm, then rotated with RoPE."""
         B, T, _ = x.shape
@@ -90,6 +99,15 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+
+def mean_keys_seen(seq_len: int, window: int | None) -> float:
+    """The keys a query sees, on average over the T = seq_len queries of a causal sequence: query t sees min(t + 1, W)
+    of them, so (T + 1) / 2 without a window (or W >= T), else (W (W + 1) / 2 + (T - W) W) / T. What the attention's
+    FLOPs count (a kernel that computes the whole T x T square and masks it does about twice the work)."""
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
 
 
 def visible_keys(start: int, n_queries: int, n_keys: int, key_positions: torch.Tensor | None, window: int | None,

@@ -44,6 +44,12 @@ class FeedForward(nn.Module):
         """The weight this FFN writes into the residual stream with: W2 (GPT-2's scaled init)."""
         return [self.w_out.weight]
 
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token of a dense block's FFN (2 per multiply-add): 2 d d_ff per matrix, three gated
+        (SwiGLU), two otherwise; the activation is element-wise and not counted. Any seq_len: each token alone."""
+        return 2 * cfg.d_model * cfg.ffn_width * (3 if cfg.dense_ffn == "swiglu" else 2)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)
         if self.gated:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import last_positions_mask
+from model.attention import last_positions_mask, mean_keys_seen
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.norms import RMSNorm
@@ -67,6 +67,16 @@ class LatentAttention(nn.Module):
     def residual_weights(self) -> list[nn.Parameter]:
         """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
         return [self.out.weight]
+
+    @classmethod
+    def flops_per_token(cls, cfg: ModelConfig, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token in a causal sequence of seq_len tokens, in the naive form that training and a
+        prefill run (2 per multiply-add): W_dkv and W_kr, the query's projections (W_dq and W_uq, or W_q), W_uk, W_uv
+        and W_o, then q k^T over D + d_R dims and the weights times v over D_v, for each of mean_keys_seen's keys."""
+        H, D, D_v, d, d_c, d_r = cfg.n_heads, cfg.head_dim, cfg.value_dim, cfg.d_model, cfg.kv_rank, cfg.rope_dim
+        query = 2 * d * H * (D + d_r) if cfg.q_rank is None else 2 * d * cfg.q_rank + 2 * cfg.q_rank * H * (D + d_r)
+        projections = 2 * d * (d_c + d_r) + query + 2 * d_c * H * (D + D_v) + 2 * H * D_v * d
+        return projections + 2 * H * (D + d_r + D_v) * mean_keys_seen(seq_len, None)
 
     def project(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D + d_R] ([q_C, q_R], q_R rotated) and the cached latent [c_kv, k_R]: [B, 1, T, d_c + d_R]."""

@@ -83,6 +83,14 @@ class MoE(nn.Module):
         (GPT-2's scaled init)."""
         return [self.experts_out.weight, *(self.shared.residual_weights() if self.shared is not None else [])]
 
+    @classmethod
+    def flops_per_token(cls, cfg: ModelConfig, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token of what runs for it (2 per multiply-add): the router's scores, 2 d E, and the
+        k routed and the shared experts' SwiGLUs, 3 x 2 d d_e each; the E - k experts it skips cost it nothing.
+        Any seq_len: each token alone."""
+        d, d_e = cfg.d_model, cfg.expert_width
+        return 2 * d * cfg.n_experts + (cfg.experts_per_token + cfg.n_shared_experts) * 3 * 2 * d * d_e
+
     def route(self, x: torch.Tensor) -> Routing:
         """x: [N, d] -> the formula's choices and gates, in float32 at least (float64 stays float64)."""
         dtype = torch.promote_types(x.dtype, torch.float32)

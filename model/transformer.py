@@ -71,6 +71,18 @@ class Transformer(nn.Module):
         idle = sum((m.n_experts - m.k) * 3 * m.expert_d_ff * self.cfg.d_model for m in self.moe_layers().values())
         return self.num_params() - idle
 
+    def flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """FLOPs per token of a causal sequence of seq_len tokens, each position a query as in training (2 per
+        multiply-add; element-wise ops, norms and softmax not counted): every block's attention and FFN as its kind
+        counts what runs (a MoE's k routed and shared experts and its router, MLA's projections, a local layer's
+        window, the keys each query sees on average: model/attention.py's mean_keys_seen), and the LM head, 2 d V.
+        training: the forward and the backward, which costs twice the forward's (the gradients of the inputs and of
+        the weights): 3x."""
+        cfg = self.cfg
+        forward = sum(block.attn.flops_per_token(cfg, layer, seq_len) + block.ffn.flops_per_token(cfg, layer, seq_len)
+                      for layer, block in enumerate(self.blocks)) + 2 * cfg.d_model * cfg.vocab_size
+        return 3 * forward if training else forward
+
     def moe_layers(self) -> dict[int, MoE]:
         """The blocks whose FFN is a mixture of experts, by index (model.dense_layers keeps the first ones dense)."""
         return {i: block.ffn for i, block in enumerate(self.blocks) if isinstance(block.ffn, MoE)}
