@@ -33,12 +33,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from errors import ConfigError
 from model.kv_cache import KVCache
 from model.positions import Rotary
 from model.qk_norm import QKNorm
 
 
+WINDOW_PATTERNS = "all, alternate or N:1 (N local layers to one global, e.g. 5:1)"  # model.window_pattern's forms
+
+
 class Attention(nn.Module):
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """The rules of its own settings, the window's and the sinks' (model.window, window_pattern, sinks): a
+        ConfigError naming the first one broken."""
+        window, pattern = cfg.window, cfg.window_pattern
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                                   or not 1 <= window < cfg.context_length):
+            raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
+                              f"{cfg.context_length}), or null for full attention")
+        forms = pattern.split(":") if isinstance(pattern, str) else []
+        readable = pattern in ("all", "alternate") or (
+            len(forms) == 2 and forms[0].isdigit() and int(forms[0]) >= 1 and forms[1] == "1")
+        if not readable:
+            raise ConfigError(f"model.window_pattern={pattern!r} must be {WINDOW_PATTERNS}")
+        if window is None and pattern != "all":
+            raise ConfigError(f"model.window_pattern={pattern} says which layers are local, but model.window=null "
+                              f"makes none; set model.window")
+        if not isinstance(cfg.sinks, bool):
+            raise ConfigError(f"model.sinks={cfg.sinks!r} must be true or false")
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """Another attention is chosen: it checks this one's settings (the window's) itself (model/mla.py)."""
+
+    @classmethod
+    def rope_dim(cls, cfg) -> int:
+        """The dims of each head RoPE rotates: all of them."""
+        return cfg.head_dim
+
+    @classmethod
+    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "Attention":
+        """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm and sinks."""
+        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
+        return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer,
+                   cfg.layer_windows[layer], cfg.sinks)
+
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
                  rotary: Rotary | None, qk_norm: QKNorm | None, layer: int, window: int | None = None,
                  sinks: bool = False):

@@ -19,7 +19,33 @@ from model.mla import LatentAttention
 from model.moe import MoE
 from model.norms import make_norm
 from model.positions import Rotary
-from model.qk_norm import QKNorm
+
+
+# The kind of each component a config chooses, made here and nowhere else: by ModelConfig.attention (MHA, GQA and
+# MQA are one class, Attention) and by model.ffn (SwiGLU, ReLU, GELU and ReLU² are FeedForward).
+ATTENTION_CLASSES = {"mla": LatentAttention}
+FFN_CLASSES = {"moe": MoE}
+
+
+def attention_class(cfg: ModelConfig) -> type[Attention] | type[LatentAttention]:
+    return ATTENTION_CLASSES.get(cfg.attention, Attention)
+
+
+def ffn_class(cfg: ModelConfig, layer: int | None = None) -> type[FeedForward] | type[MoE]:
+    """Block `layer`'s FFN kind (None: the model's own, past an MoE's model.dense_layers dense SwiGLU blocks)."""
+    kind = FFN_CLASSES.get(cfg.ffn, FeedForward)
+    return kind if layer is None or layer >= cfg.dense_layers else FeedForward
+
+
+def validate_kinds(cfg: ModelConfig) -> None:
+    """Each kind's rules for its own settings (ModelConfig.validate calls this): the chosen attention's and FFN's
+    validate, and each other kind's refuse_settings, so that no setting of a kind not chosen does nothing silently."""
+    chosen = (attention_class(cfg), ffn_class(cfg))
+    for kind in (LatentAttention, Attention, MoE, FeedForward):
+        if kind in chosen:
+            kind.validate(cfg)
+        else:
+            kind.refuse_settings(cfg)
 
 
 class Block(nn.Module):
@@ -27,13 +53,9 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
-        self.attn = LatentAttention(cfg, rotary, layer) if cfg.attention == "mla" else \
-            Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer,
-                      cfg.layer_windows[layer], cfg.sinks)
+        self.attn = attention_class(cfg).from_config(cfg, layer, rotary)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.ffn = MoE(cfg) if cfg.ffn == "moe" and layer >= cfg.dense_layers else \
-            FeedForward(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)
+        self.ffn = ffn_class(cfg, layer).from_config(cfg)
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
 

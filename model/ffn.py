@@ -31,6 +31,19 @@ def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:
 
 
 class FeedForward(nn.Module):
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Its settings (model.d_ff, ffn_multiple_of) are every FFN's, checked by ModelConfig."""
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """Its settings are every FFN's: an MoE's shared experts and dense first blocks are SwiGLUs too."""
+
+    @classmethod
+    def from_config(cls, cfg) -> "FeedForward":
+        """A dense block's FFN: model.ffn's kind (an MoE's dense first blocks: SwiGLU), of the width it gives d_ff."""
+        return cls(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)
+
     def __init__(self, d_model: int, d_ff: int, kind: str, bias: bool):
         super().__init__()
         self.gated = kind == "swiglu"

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import last_positions_mask, mean_keys_seen
+from errors import ConfigError
+from model.attention import Attention, last_positions_mask, mean_keys_seen
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.norms import RMSNorm
@@ -38,8 +39,63 @@ from model.positions import Rotary
 LATENT_NORM_EPS = 1e-6  # DeepSeek-V2/V3's, fixed in their code and in transformers' DeepseekV3
 
 
+SETTINGS = ("q_rank", "rope_head_dim", "v_head_dim")  # its settings beside model.kv_rank, which chooses it
+
+
 class LatentAttention(nn.Module):
-    window = sinks = None  # no local window, no sink logits: ModelConfig refuses them with MLA
+    window = sinks = None  # no local window, no sink logits: validate refuses them
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        """The rules of the latent's settings (model.kv_rank and SETTINGS), and the settings it cannot take: a
+        ConfigError naming the first one broken."""
+        for key in ("kv_rank", *SETTINGS):
+            value, least = getattr(cfg, key), 0 if key == "rope_head_dim" else 1
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ConfigError(f"model.{key}={value!r} must be a {'non-negative' if least == 0 else 'positive'} "
+                                  f"integer")
+        compressed = cfg.n_heads * (cfg.head_dim + cfg.value_dim)
+        if cfg.kv_rank > compressed:
+            raise ConfigError(f"model.kv_rank={cfg.kv_rank} must be at most the keys and values it compresses, "
+                              f"model.n_heads x (head_dim + v_head_dim) = {compressed}")
+        if cfg.n_kv_heads != cfg.n_heads:
+            raise ConfigError(f"model.attention=mla up-projects a key and a value for every query head: "
+                              f"model.n_kv_heads={cfg.n_kv_heads} must be model.n_heads={cfg.n_heads}")
+        if cfg.qk_norm != "none":  # the absorbed decode folds W_uk into the query, which a norm of k would block
+            raise ConfigError(f"model.qk_norm={cfg.qk_norm} with attention=mla: MLA's keys are up-projected from "
+                              f"an RMS-normed latent, and a norm of each key would not let decoding fold W_uk into "
+                              f"the query; use qk_norm=none")
+        rope, d_r = cfg.position == "rope", cfg.rope_head_dim
+        if d_r is not None and (d_r % 2 or d_r > cfg.head_dim):
+            raise ConfigError(f"model.rope_head_dim={d_r} must be even and at most the head dim, model.d_model / "
+                              f"model.n_heads = {cfg.head_dim}")
+        if d_r is not None and rope != (d_r > 0):  # without RoPE the decoupled part would be plain key dims
+            raise ConfigError(f"model.rope_head_dim={d_r} with model.position={cfg.position}: MLA's RoPE part "
+                              + ("carries RoPE's positions; it needs at least 2 dims" if rope else
+                                 "is rotated by RoPE; without it use model.rope_head_dim=0 (or null)"))
+        Attention.validate(cfg)  # the window's settings well-formed, then refused: none of them here
+        if cfg.window is not None or cfg.sinks:
+            setting = f"model.window={cfg.window}" if cfg.window is not None else "model.sinks=true"
+            raise ConfigError(f"{setting} with attention=mla: the latent attention here has no band mask or sink "
+                              f"logit (its absorbed decode attends to every cached latent); use attention=gqa, mha "
+                              f"or mqa")
+
+    @classmethod
+    def refuse_settings(cls, cfg: ModelConfig) -> None:
+        """Another attention is chosen: each of SETTINGS is left unset."""
+        for key in SETTINGS:
+            if getattr(cfg, key) is not None:
+                raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of attention=mla, but this "
+                                  f"model has no latent (model.kv_rank=null)")
+
+    @classmethod
+    def rope_dim(cls, cfg: ModelConfig) -> int:
+        """d_R, the dims of each head RoPE rotates: model.rope_head_dim, or half a head."""
+        return cfg.head_dim // 2 if cfg.rope_head_dim is None else cfg.rope_head_dim
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, layer: int, rotary: Rotary | None) -> "LatentAttention":
+        return cls(cfg, rotary, layer)
 
     def __init__(self, cfg: ModelConfig, rotary: Rotary | None, layer: int):
         super().__init__()

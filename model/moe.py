@@ -41,8 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
+from errors import ConfigError
+from model.config import ModelConfig, is_number
 from model.ffn import FeedForward
+
+
+ROUTERS = ("softmax", "sigmoid")  # model.router
+# its settings and their values without it: each is refused with a dense FFN unless it has that value
+SETTINGS = {"n_experts": None, "experts_per_token": None, "expert_d_ff": None, "n_shared_experts": 0,
+            "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
+            "router_bias_rate": 0.0}
 
 
 def max_violation(load: torch.Tensor) -> float:
@@ -58,6 +66,40 @@ class Routing(NamedTuple):
 
 
 class MoE(nn.Module):
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        """The rules of its settings (SETTINGS): a ConfigError naming the first one broken."""
+        for key in ("n_experts", "experts_per_token", "expert_d_ff", "n_shared_experts", "dense_layers"):
+            value, least = getattr(cfg, key), {"n_experts": 2, "n_shared_experts": 0, "dense_layers": 0}.get(key, 1)
+            if key == "expert_d_ff" and value is None:  # the rule: expert_width
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"model.{key}={value!r} must be an integer >= {least} with ffn=moe")
+        if cfg.experts_per_token > cfg.n_experts:
+            raise ConfigError(f"model.experts_per_token={cfg.experts_per_token} must be at most "
+                              f"model.n_experts={cfg.n_experts}")
+        if cfg.dense_layers >= cfg.n_layers:
+            raise ConfigError(f"model.dense_layers={cfg.dense_layers} leaves no block of model.n_layers="
+                              f"{cfg.n_layers} with experts; use a dense ffn")
+        if cfg.router not in ROUTERS:
+            raise ConfigError(f"model.router={cfg.router!r} must be one of {', '.join(ROUTERS)}")
+        for key in ("router_aux_coef", "router_z_coef", "router_bias_rate"):
+            value = getattr(cfg, key)
+            if not (is_number(value) and 0 <= value < math.inf):
+                raise ConfigError(f"model.{key}={value!r} must be a number >= 0")
+
+    @classmethod
+    def refuse_settings(cls, cfg: ModelConfig) -> None:
+        """A dense FFN is chosen: each of SETTINGS keeps its value without experts."""
+        for key, dense in SETTINGS.items():
+            if getattr(cfg, key) != dense:
+                raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of ffn=moe, but "
+                                  f"model.ffn={cfg.ffn}")
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig) -> "MoE":
+        return cls(cfg)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         E, d, d_e = cfg.n_experts, cfg.d_model, cfg.expert_width

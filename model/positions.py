@@ -125,6 +125,12 @@ def table_bytes(cfg: ModelConfig, length: int) -> int:
     return 0
 
 
+def position_limit(cfg: ModelConfig) -> int | None:
+    """The most positions the model can read: a learned table's rows (model.context_length); None where its positions
+    reach any length (RoPE's and the sinusoidal table grow, position=none has none)."""
+    return cfg.context_length if cfg.position == "learned" else None
+
+
 def make_positions(cfg: ModelConfig, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
     added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""

@@ -30,7 +30,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench  # noqa: E402  (the repo root: bench's training peers and its alternating timer)
 from model import Transformer  # noqa: E402
-from model.config import MOE_SETTINGS  # noqa: E402
+from model.moe import SETTINGS as MOE_SETTINGS  # noqa: E402
 from model.moe import MoE  # noqa: E402
 from settings import compose_config  # noqa: E402
 from training.config import model_config  # noqa: E402
