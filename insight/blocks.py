@@ -49,7 +49,7 @@ def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
     def keep_experts(moe: MoE):
         def hook(_moe, inputs, _output):
             x = inputs[0].reshape(-1, inputs[0].shape[-1])
-            chosen = moe.last["chosen"]  # the router's picks of the forward that just ran
+            chosen = moe.last_routing()["chosen"]  # the router's picks of the forward that just ran
             w1 = moe.experts_in.weight.view(moe.n_experts, 2, moe.expert_d_ff, -1)[:, 0]
             found.append(torch.cat([F.silu(x[(chosen == e).any(dim=-1)] @ w1[e].T).flatten()
                                     for e in range(moe.n_experts)]))

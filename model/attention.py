@@ -111,6 +111,16 @@ class Attention(nn.Module):
         span = mean_keys_seen(seq_len, cfg.layer_windows[layer])
         return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + 2 * 2 * H * D * span
 
+    def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The attention weights forward applies to v, for what looks inside the model (insight/): [B, H, T, T] over
+        x's own T positions (attention_weights: the window's band, the rows short of 1 by the sink's share)."""
+        q, k, _ = self.heads(x, start)
+        return attention_weights(q, k, self.window, self.sinks)
+
+    def logit_bound(self) -> float | None:
+        """The largest |q . k| / sqrt(D) its QK-norm lets through (QKNorm.logit_bound); None without QK-norm."""
+        return None if self.qk_norm is None else self.qk_norm.logit_bound()
+
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm, then rotated with RoPE."""
         B, T, _ = x.shape

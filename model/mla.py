@@ -155,6 +155,12 @@ class LatentAttention(nn.Module):
         v = self.v_up(c_kv).view(B, T, self.n_heads, self.value_dim).transpose(1, 2)
         return torch.cat([k_c, k_r.unsqueeze(1).expand(B, self.n_heads, T, self.rope_dim)], dim=-1), v
 
+    weights = Attention.weights  # its naive form's q and k, scored over D + d_R dims, with no window or sink
+
+    def logit_bound(self) -> None:
+        """No QK-norm bounds its logits (validate refuses one)."""
+        return None
+
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The naive form's q, k: [B, H, T, D + d_R] and v: [B, H, T, D_v], as Attention.heads gives them."""
         q, latent = self.project(x, start)

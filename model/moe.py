@@ -183,6 +183,12 @@ class MoE(nn.Module):
         self.record(routing)
         return y.view(shape)
 
+    def last_routing(self) -> dict[str, torch.Tensor]:
+        """What its router did in the last forward, for what looks inside the model (validation metrics, insight/):
+        "load" [E], the fraction of the N k choices each expert took; "entropy", the router's mean entropy over
+        tokens / ln E; "chosen" [N, k], each token's experts."""
+        return self.last
+
     @torch.compiler.disable  # its state (the counts, the terms) is kept between forwards
     def record(self, routing: Routing) -> None:
         """This forward's loads, router entropy and choices; with gradients, the balance terms its loss adds; in
