@@ -4,6 +4,9 @@ Every switch is a string naming one option; every size is an int. The defaults a
 on its corpus, and they are the one place its sizes are written: settings.py makes these fields, types and
 defaults the schema of the Hydra config's `model.` node, a preset (configs/model/) sets only what differs, and
 a checkpoint stores them as JSON.
+
+The checks here span components (sizes, head counts, the switches' names, RoPE's even head dim); each attention and
+FFN kind checks its own settings (its class's validate, model/block.py's validate_kinds).
 """
 from __future__ import annotations
 

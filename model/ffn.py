@@ -63,6 +63,12 @@ class FeedForward(nn.Module):
         (SwiGLU), two otherwise; the activation is element-wise and not counted. Any seq_len: each token alone."""
         return 2 * cfg.d_model * cfg.ffn_width * (3 if cfg.dense_ffn == "swiglu" else 2)
 
+    def hidden_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """What looks inside the model (insight/) reads of its hidden units for inputs x [..., d], flattened: the
+        activation of x W1 (SwiGLU's gate, before it multiplies x W3; ReLU²'s square, what W2 reads)."""
+        h = self.w_in(x)
+        return self.activation(h.chunk(2, dim=-1)[0] if self.gated else h).flatten()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)
         if self.gated:

@@ -189,6 +189,13 @@ class MoE(nn.Module):
         tokens / ln E; "chosen" [N, k], each token's experts."""
         return self.last
 
+    def hidden_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """What looks inside the model (insight/) reads of its hidden units for the inputs x [..., d] of its last
+        forward, flattened: silu(x W1_e), each expert's gate on the tokens its router sent it, expert by expert."""
+        x, chosen = x.reshape(-1, x.shape[-1]), self.last["chosen"]
+        w1 = self.experts_in.weight.view(self.n_experts, 2, self.expert_d_ff, -1)[:, 0]
+        return torch.cat([F.silu(x[(chosen == e).any(dim=-1)] @ w1[e].T).flatten() for e in range(self.n_experts)])
+
     @torch.compiler.disable  # its state (the counts, the terms) is kept between forwards
     def record(self, routing: Routing) -> None:
         """This forward's loads, router entropy and choices; with gradients, the balance terms its loss adds; in
