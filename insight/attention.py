@@ -52,7 +52,8 @@ def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:
     """tokens [1, T] -> weights [layer][head][T][T] and entropy [layer][head]."""
     windows = [block.attn.window for block in model.blocks]
     with torch.no_grad():
-        weights = [block.attn.weights(x, at)[0] for block, (x, at) in zip(model.blocks, attention_inputs(model, tokens))]
+        weights = [block.attn.weights(x, start)[0]
+                   for block, (x, start) in zip(model.blocks, attention_inputs(model, tokens))]
     return {"weights": [w.tolist() for w in weights],
             "entropy": [normalised_entropy(w, window).mean(dim=-1).tolist() for w, window in zip(weights, windows)]}
 

@@ -12,7 +12,6 @@ import torch
 from torch import nn
 
 from model.attention import Attention
-from model.config import ModelConfig
 from model.ffn import FeedForward
 from model.kv_cache import KVCache
 from model.mla import LatentAttention
@@ -27,17 +26,17 @@ ATTENTION_CLASSES = {"mla": LatentAttention}
 FFN_CLASSES = {"moe": MoE}
 
 
-def attention_class(cfg: ModelConfig) -> type[Attention] | type[LatentAttention]:
+def attention_class(cfg) -> type[Attention] | type[LatentAttention]:
     return ATTENTION_CLASSES.get(cfg.attention, Attention)
 
 
-def ffn_class(cfg: ModelConfig, layer: int | None = None) -> type[FeedForward] | type[MoE]:
+def ffn_class(cfg, layer: int | None = None) -> type[FeedForward] | type[MoE]:
     """Block `layer`'s FFN kind (None: the model's own, past an MoE's model.dense_layers dense SwiGLU blocks)."""
     kind = FFN_CLASSES.get(cfg.ffn, FeedForward)
     return kind if layer is None or layer >= cfg.dense_layers else FeedForward
 
 
-def validate_kinds(cfg: ModelConfig) -> None:
+def validate_kinds(cfg) -> None:
     """Each kind's rules for its own settings (ModelConfig.validate calls this): the chosen attention's and FFN's
     validate, and each other kind's refuse_settings, so that no setting of a kind not chosen does nothing silently."""
     chosen = (attention_class(cfg), ffn_class(cfg))
@@ -49,7 +48,7 @@ def validate_kinds(cfg: ModelConfig) -> None:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: Rotary | None):
+    def __init__(self, cfg, layer: int, rotary: Rotary | None):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
@@ -72,7 +71,7 @@ class Block(nn.Module):
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
 
 
-def final_norm(cfg: ModelConfig) -> nn.Module | None:
+def final_norm(cfg) -> nn.Module | None:
     """The norm between the last block and the LM head: Pre-Norm blocks leave the residual stream
     unnormalised, so the model needs one; Post-Norm blocks already end in a norm."""
     return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None

@@ -14,6 +14,8 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from errors import ConfigError
+from model.block import attention_class, validate_kinds
+from model.checks import is_number
 from model.ffn import hidden_width
 from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
@@ -42,10 +44,6 @@ def window_pattern_of(local: list[bool]) -> str | None:
         if local_layers(pattern, len(local)) == local:
             return pattern
     return None
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def attention_kind(n_heads: int, n_kv_heads: int) -> str:
@@ -150,7 +148,6 @@ class ModelConfig:
         """The dims of each head RoPE rotates: all of them, or MLA's decoupled RoPE part (none without RoPE)."""
         if self.position != "rope":
             return 0
-        from model.block import attention_class  # imported here: the kinds' modules import this one
         return attention_class(self).rope_dim(self)
 
     @property
@@ -193,7 +190,6 @@ class ModelConfig:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
-        from model.block import validate_kinds  # imported here: the kinds' modules import this one
         validate_kinds(self)  # each attention and FFN kind's own settings (model/block.py)
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "

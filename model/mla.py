@@ -31,7 +31,6 @@ from torch import nn
 
 from errors import ConfigError
 from model.attention import Attention, last_positions_mask, mean_keys_seen
-from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.norms import RMSNorm
 from model.positions import Rotary
@@ -46,7 +45,7 @@ class LatentAttention(nn.Module):
     window = sinks = None  # no local window, no sink logits: validate refuses them
 
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg) -> None:
         """The rules of the latent's settings (model.kv_rank and SETTINGS), and the settings it cannot take: a
         ConfigError naming the first one broken."""
         for key in ("kv_rank", *SETTINGS):
@@ -81,7 +80,7 @@ class LatentAttention(nn.Module):
                               f"or mqa")
 
     @classmethod
-    def refuse_settings(cls, cfg: ModelConfig) -> None:
+    def refuse_settings(cls, cfg) -> None:
         """Another attention is chosen: each of SETTINGS is left unset."""
         for key in SETTINGS:
             if getattr(cfg, key) is not None:
@@ -89,15 +88,15 @@ class LatentAttention(nn.Module):
                                   f"model has no latent (model.kv_rank=null)")
 
     @classmethod
-    def rope_dim(cls, cfg: ModelConfig) -> int:
+    def rope_dim(cls, cfg) -> int:
         """d_R, the dims of each head RoPE rotates: model.rope_head_dim, or half a head."""
         return cfg.head_dim // 2 if cfg.rope_head_dim is None else cfg.rope_head_dim
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig, layer: int, rotary: Rotary | None) -> "LatentAttention":
+    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "LatentAttention":
         return cls(cfg, rotary, layer)
 
-    def __init__(self, cfg: ModelConfig, rotary: Rotary | None, layer: int):
+    def __init__(self, cfg, rotary: Rotary | None, layer: int):
         super().__init__()
         self.n_heads, self.head_dim, self.value_dim = cfg.n_heads, cfg.head_dim, cfg.value_dim
         self.kv_rank, self.rope_dim = cfg.kv_rank, cfg.rope_dim
@@ -125,7 +124,7 @@ class LatentAttention(nn.Module):
         return [self.out.weight]
 
     @classmethod
-    def flops_per_token(cls, cfg: ModelConfig, layer: int, seq_len: int) -> float:
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
         """Forward FLOPs per token in a causal sequence of seq_len tokens, in the naive form that training and a
         prefill run (2 per multiply-add): W_dkv and W_kr, the query's projections (W_dq and W_uq, or W_q), W_uk, W_uv
         and W_o, then q k^T over D + d_R dims and the weights times v over D_v, for each of mean_keys_seen's keys."""

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig, is_number
+from model.checks import is_number
 from model.ffn import FeedForward
 
 
@@ -67,7 +67,7 @@ class Routing(NamedTuple):
 
 class MoE(nn.Module):
     @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
+    def validate(cls, cfg) -> None:
         """The rules of its settings (SETTINGS): a ConfigError naming the first one broken."""
         for key in ("n_experts", "experts_per_token", "expert_d_ff", "n_shared_experts", "dense_layers"):
             value, least = getattr(cfg, key), {"n_experts": 2, "n_shared_experts": 0, "dense_layers": 0}.get(key, 1)
@@ -89,7 +89,7 @@ class MoE(nn.Module):
                 raise ConfigError(f"model.{key}={value!r} must be a number >= 0")
 
     @classmethod
-    def refuse_settings(cls, cfg: ModelConfig) -> None:
+    def refuse_settings(cls, cfg) -> None:
         """A dense FFN is chosen: each of SETTINGS keeps its value without experts."""
         for key, dense in SETTINGS.items():
             if getattr(cfg, key) != dense:
@@ -97,10 +97,10 @@ class MoE(nn.Module):
                                   f"model.ffn={cfg.ffn}")
 
     @classmethod
-    def from_config(cls, cfg: ModelConfig) -> "MoE":
+    def from_config(cls, cfg) -> "MoE":
         return cls(cfg)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg):
         super().__init__()
         E, d, d_e = cfg.n_experts, cfg.d_model, cfg.expert_width
         self.n_experts, self.k, self.expert_d_ff = E, cfg.experts_per_token, d_e
@@ -126,7 +126,7 @@ class MoE(nn.Module):
         return [self.experts_out.weight, *(self.shared.residual_weights() if self.shared is not None else [])]
 
     @classmethod
-    def flops_per_token(cls, cfg: ModelConfig, layer: int, seq_len: int) -> float:
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
         """Forward FLOPs per token of what runs for it (2 per multiply-add): the router's scores, 2 d E, and the
         k routed and the shared experts' SwiGLUs, 3 x 2 d d_e each; the E - k experts it skips cost it nothing.
         Any seq_len: each token alone."""
