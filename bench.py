@@ -12,7 +12,7 @@ overrides as train.py composes them (settings.py), so every model.* and train.* 
 GPT-2 configuration and the one-switch rows add their group options (norm=layernorm, ...), the ablation's
 variants `+experiment=ablation ablation=X`; train.py's AdamW of the composed train.* settings steps each one
 (training/optim.py). --quick adds toy sizes to the overrides (QUICK_OVERRIDES). transformers'
-LlamaForCausalLM gets its sizes and its weights (copied through interop/hf_llama.py), the same inputs and the
+LlamaForCausalLM gets its sizes and its weights (copied through interop/hf.py), the same inputs and the
 same thread count. The timed runs alternate (A B C, C B A, A B C, ...) so that noise from other processes hits
 every peer, and every figure is the median over --repeats runs after one untimed warm-up. Machines are
 shared: compare the ratios, not the absolute figures. Every ratio "A vs B" is A's tokens/s over B's (above 1:
@@ -91,7 +91,7 @@ from transformers.generation.streamers import BaseStreamer
 from cli import Parser
 from errors import UsageError
 from generation.engine import Engine, compiled_decoder
-from interop.hf_llama import hf_config, hf_state_dict
+from interop.hf import hf_config, hf_state_dict
 from model import ModelConfig, Transformer
 from settings import CONFIG_DIR, compose_config
 from storage.files import atomic_write, write_json

@@ -33,13 +33,14 @@ from omegaconf import DictConfig
 
 from cli import Parser
 from errors import ConfigError, UsageError
-from generation.engine import DYNAMIC_NTK_STREAMS, SamplingError, check_sink_tokens
+from generation.engine import SamplingError, check_sink_tokens
 from generation.memory import memory_shortfall
 from insight.figures import loss_by_position, png
 from insight.lengths import MODES, run_config, run_val_split, score, window_count
 from interop.load import load_model, loaded_line
 from model.positions import table_bytes
-from model.rope_scaling import SCALINGS
+from model.rope_scaling import SCALINGS, scales
+from parsing import whole_numbers
 from storage.checkpoint import check_vocab
 from storage.files import atomic_write, write_json, writing
 from training.config import autocast_for, eval_window_count
@@ -65,10 +66,10 @@ def parse_args(argv: list[str] | None):
     parser.add_argument("--plot", type=Path, help="the figure (default: --json with .png)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
-    try:
-        args.lengths = [int(n) for n in args.lengths.split(",")]
-    except ValueError:
-        raise UsageError(f"--lengths={args.lengths} must be integers separated by commas, e.g. 128,256,512") from None
+    lengths = whole_numbers(args.lengths)
+    if lengths is None:
+        raise UsageError(f"--lengths={args.lengths} must be integers separated by commas, e.g. 128,256,512")
+    args.lengths = lengths
     if min(args.lengths) < 2:
         raise UsageError(f"--lengths={min(args.lengths)} must be >= 2: a window of one token has no next token "
                          f"inside it")
@@ -79,7 +80,7 @@ def parse_args(argv: list[str] | None):
     if args.stride and args.stride > min(args.lengths):
         raise UsageError(f"--stride={args.stride} is longer than the length {min(args.lengths)}: windows would "
                          f"skip tokens")
-    if (args.rope_scaling in (None, "none")) != (args.rope_factor is None):
+    if scales(args.rope_scaling) == (args.rope_factor is None):
         raise UsageError("--rope-scaling and --rope-factor go together: e.g. --rope-scaling yarn --rope-factor 4")
     if max(args.lengths) + 1 > args.max_tokens:
         raise UsageError(f"--max-tokens={args.max_tokens} holds no window of {max(args.lengths)} tokens")
@@ -160,8 +161,8 @@ def check_streaming(model, sink_tokens: int | None) -> None:
     if sink_tokens is None and cfg.n_local_layers < cfg.n_layers:
         raise UsageError("--mode streaming needs --sink-tokens (0: the window alone) for a model with full layers: "
                          "only a model whose layers are all local streams in its own rolling cache")
-    if cfg.rope_scaling == "dynamic":  # with sink tokens check_sink_tokens has refused it
-        raise UsageError(f"--mode streaming with model.rope_scaling=dynamic: {DYNAMIC_NTK_STREAMS}")
+    if refusal := model.stream_refusal(None):  # with sink tokens check_sink_tokens has refused it
+        raise UsageError(f"--mode streaming {refusal}")
 
 
 def checked_window_count(args, n_stream: int, n_val: int, train: DictConfig, length: int, mode: str) -> int:

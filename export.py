@@ -1,14 +1,14 @@
 """Export a LLaMA-configured checkpoint as a transformers LlamaForCausalLM directory or a llama.cpp GGUF file
-(with model.qk_norm=rmsnorm: Qwen3ForCausalLM, GGUF architecture qwen3; the other families interop/hf_llama.py
-maps, e.g. Mistral for a window, Mixtral for experts, gpt-oss for sink logits, transformers only).
+(with model.qk_norm=rmsnorm: Qwen3ForCausalLM, GGUF architecture qwen3; the other families of interop/families/,
+e.g. Mistral for a window, Mixtral for experts, gpt-oss for sink logits, transformers only).
 
     python export.py --ckpt outputs/<date>/<time> --out llama_hf [--force]
     python export.py --ckpt outputs/<date>/<time> --format gguf --out model.gguf [--dtype f32|f16|q8_0] [--force]
 
 transformers: config.json, model.safetensors, tokenizer.model and, when transformers' LlamaTokenizer
-reproduces the SentencePiece ids exactly, tokenizer_config.json (interop/hf_llama.py).
+reproduces the SentencePiece ids exactly, tokenizer_config.json (interop/hf.py, interop/tokenizer.py).
 gguf: one file with the LLaMA (or Qwen3) metadata, the weights in llama.cpp's layout and the SentencePiece
-tokenizer (interop/gguf_llama.py); --dtype f16 or q8_0 shrinks the matrices.
+tokenizer (interop/gguf.py); --dtype f16 or q8_0 shrinks the matrices.
 Either is written next to --out and renamed into place, so a failed export (a full disk: one `error: cannot
 write --out: ...` line) leaves nothing behind and an existing --out whole. The first line printed is the
 checkpoint read, by its real path (not outputs/latest, which the next run moves).
@@ -28,8 +28,9 @@ from safetensors.torch import save
 
 from cli import Parser
 from errors import UsageError
-from interop.gguf_llama import DTYPES, write_gguf
-from interop.hf_llama import hf_config, hf_state_dict, hf_tokenizer_config
+from interop.gguf import DTYPES, write_gguf
+from interop.hf import hf_config, hf_state_dict
+from interop.tokenizer import hf_tokenizer_config
 from interop.load import load_model, loaded_line
 from model.transformer import Transformer
 from storage.checkpoint import check_vocab

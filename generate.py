@@ -27,7 +27,7 @@ from data.tokenizer import Tokenizer
 from errors import UsageError
 from generation.engine import Engine, SamplingError, check_sampling, compiled_decoder
 from interop.load import load_model, loaded_line
-from model.rope_scaling import SCALINGS
+from model.rope_scaling import SCALINGS, scales
 from storage.checkpoint import check_vocab
 
 MAX_NUM_SAMPLES = 1024
@@ -60,7 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.context is not None and args.context < 2:
         raise UsageError(f"--context={args.context} must be >= 2")
-    if (args.rope_scaling in (None, "none")) != (args.rope_factor is None):
+    if scales(args.rope_scaling) == (args.rope_factor is None):
         raise UsageError("--rope-scaling and --rope-factor go together: e.g. --rope-scaling yarn --rope-factor 4")
     try:
         args.prompt.encode("utf-8")

@@ -26,26 +26,35 @@ import torch
 from cli import Parser
 from data.tokenizer import Tokenizer
 from errors import UsageError
-from generation.kv_memory import BYTES_PER_ELEMENT
+from generation.kv_memory import BYTES_PER_ELEMENT, estimated_bytes
 from insight import attention, blocks, decode, experts, figures, lengths, page, positions
-from model.kv_cache import kv_cache_bytes
+from model.attention import Attention
+from model.block import attention_class
+from model.mla import LatentAttention
 from model.transformer import Transformer
 from interop.load import load_model, loaded_line
 from storage.checkpoint import CheckpointError, check_vocab, run_dir_of
 from storage.files import atomic_dir, write_bytes, write_json, writing
 
 DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
-LLAMA_2_7B = {"name": "LLaMA-2-7B", "cache": "heads", "layers": 32, "kv_heads": 32, "head_dim": 128, "seq": 4096,
-              "batch": 1, "dtype": "fp16", "window": 0, "local_layers": 0}
+
+
+def preset(name: str, kind, widths: tuple[int, ...], layers: int, seq: int, dtype: str, window: int = 0,
+           local_layers: int = 0) -> tuple[dict, type]:
+    """One of the estimator's presets, with its attention kind: a model's sizes and its cache's widths, in the order
+    the kind's PER_POSITION names them (window 0: none)."""
+    widths = dict(zip((field.name for field in kind.PER_POSITION.fields), widths))
+    return {"name": name, "cache": kind.PER_POSITION.name, "layers": layers, **widths, "seq": seq, "batch": 1,
+            "dtype": dtype, "window": window, "local_layers": local_layers}, kind
+
+
+LLAMA_2_7B = preset("LLaMA-2-7B", Attention, (32, 128), 32, 4096, "fp16")
 # Mistral-7B-v0.1 at its full 32,768 positions: every layer a 4,096-position window, an eighth of the positions held
-MISTRAL_7B = {"name": "Mistral-7B", "cache": "heads", "layers": 32, "kv_heads": 8, "head_dim": 128, "seq": 32768,
-              "batch": 1, "dtype": "fp16", "window": 4096, "local_layers": 32}
+MISTRAL_7B = preset("Mistral-7B", Attention, (8, 128), 32, 32768, "fp16", window=4096, local_layers=32)
 # the chapter's fourth row: LLaMA-2-7B's layers and context with DeepSeek's latent (512) and RoPE key (64); and
 # DeepSeek-V3's own 61 layers (70,272 bytes per token at bf16)
-LATENT_PRESETS = [{"name": "LLaMA-2-7B with MLA", "cache": "latent", "layers": 32, "kv_rank": 512, "rope_head_dim": 64,
-                   "seq": 4096, "batch": 1, "dtype": "fp16", "window": 0, "local_layers": 0},
-                  {"name": "DeepSeek-V3", "cache": "latent", "layers": 61, "kv_rank": 512, "rope_head_dim": 64,
-                   "seq": 4096, "batch": 1, "dtype": "bf16", "window": 0, "local_layers": 0}]
+LATENT_PRESETS = [preset("LLaMA-2-7B with MLA", LatentAttention, (512, 64), 32, 4096, "fp16"),
+                  preset("DeepSeek-V3", LatentAttention, (512, 64), 61, 4096, "bf16")]
 REPORT_FILE = "report.json"
 
 
@@ -191,26 +200,21 @@ def on_val_split(model: Transformer, ckpt_dir: Path, tokens: torch.Tensor, piece
 
 def estimator(models: list[Transformer], names: list[str]) -> dict:
     """The estimator's presets, each checkpoint's own (its full context, fp32) first, with their bytes by
-    model/kv_cache.py's formula, which the page's script computes too: K/V heads (cache=heads) or MLA's latent
-    and RoPE key (cache=latent), local layers (local_layers of them, a window of `window`, 0: none) holding
-    min(window, seq) positions."""
+    model/kv_cache.py's formula, which the page's script computes too: what one position costs in a layer, as the
+    attention kind (`cache`) says from its widths, times the positions held, local layers (local_layers of them, a
+    window of `window`, 0: none) holding min(window, seq)."""
     dtype_of = {size: name for name, size in reversed(BYTES_PER_ELEMENT.items())}  # 4 -> fp32, 2 -> fp16
     presets = []
     for m, name in zip(models, names):
-        cfg = m.cfg
+        cfg, kind = m.cfg, attention_class(m.cfg)
         own = {"name": f"this model: {name}", "layers": cfg.n_layers, "seq": cfg.context_length, "batch": 1,
                "dtype": dtype_of[m.tok_emb.weight.element_size()], "window": cfg.window or 0,
                "local_layers": cfg.n_local_layers}
-        presets.append(own | ({"cache": "latent", "kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim}
-                              if cfg.attention == "mla" else
-                              {"cache": "heads", "kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}))
-    presets += [dict(LLAMA_2_7B), dict(MISTRAL_7B), *map(dict, LATENT_PRESETS)]
-    for p in presets:
-        heads, key_dim, value_dim = (1, p["kv_rank"] + p["rope_head_dim"], 0) if p["cache"] == "latent" else \
-            (p["kv_heads"], p["head_dim"], p["head_dim"])
-        p["bytes"] = kv_cache_bytes(p["layers"], heads, key_dim, p["seq"], p["batch"], BYTES_PER_ELEMENT[p["dtype"]],
-                                    value_dim, p["window"] or None, p["local_layers"] if p["window"] else 0)
-    return {"bytes_per_element": BYTES_PER_ELEMENT, "presets": presets}
+        presets.append((own | {"cache": kind.PER_POSITION.name} | kind.cache_dims(cfg), kind))
+    presets += [LLAMA_2_7B, MISTRAL_7B, *LATENT_PRESETS]
+    return {"bytes_per_element": BYTES_PER_ELEMENT,
+            "presets": [p | {"bytes": estimated_bytes(kind.PER_POSITION, p, p["batch"], BYTES_PER_ELEMENT[p["dtype"]])}
+                        for p, kind in presets]}
 
 
 def log_to_wandb(runs: list[dict], folder: Path, pngs: list[str], tables: dict) -> None:

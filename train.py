@@ -12,10 +12,11 @@ train() reads top-down: the settings, the data, the model and optimizer, the loo
 backward, update, metrics, eval, sample, checkpoint), the summary; its helpers live in training/.
 Outputs go to the Hydra run dir: ckpt/ (weights, model config, tokenizer, train_state.pt),
 metrics.jsonl, config.yaml (resolved), summary.json and wandb/.
-Exit codes: 0 done; 1 the loss went NaN/inf; 2 a bad setting, data or checkpoint, or a lost DDP process
-(one `error:` line); 130/143 stopped by SIGINT/SIGTERM after saving a checkpoint. In a multirun (-m) each job
-trains in a process of its own (training/multirun.py): a job that failed or was killed makes the command exit 1
-at its end; a signal to the command stops every job, each saving its checkpoint, and the same command resumes.
+Exit codes: 0 done (a finished run run again says so and writes nothing); 1 the loss went NaN/inf; 2 a bad
+setting, data or checkpoint, or a lost DDP process (one `error:` line); 130/143 stopped by SIGINT/SIGTERM after
+saving a checkpoint. In a multirun (-m) each job trains in a process of its own (training/multirun.py): a job that
+failed or was killed makes the command exit 1 at its end; a signal to the command stops every job, each saving its
+checkpoint, and the same command resumes the unfinished ones.
 """
 import math
 import os
@@ -47,7 +48,7 @@ from training.multirun import run_job
 from training.optim import make_optimizer, set_lr
 from training.run_lock import run_dir_lock
 from training.signals import StopRequest
-from training.state import RunCheckpoint, run_start, step_generator, wants_resume
+from training.state import RunCheckpoint, completed_line, run_start, step_generator, wants_resume
 from training.step import accumulate_gradients
 from training.tracking import Throughput, default_run_name, start_tracking, wandb_mode
 
@@ -63,7 +64,11 @@ def main(cfg: DictConfig) -> int | None:
 def run(cfg: DictConfig) -> int:
     """The run's exit code; a bad setting, data or checkpoint, and a write that fails, are one `error:` line."""
     try:
-        cfg.train.resume = wants_resume(cfg.train.resume, Path(HydraConfig.get().runtime.output_dir))
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        cfg.train.resume = wants_resume(cfg.train.resume, run_dir)
+        if cfg.train.resume and (complete := completed_line(cfg, run_dir)):  # read only: the dir is left as it is
+            print(complete, file=sys.stderr)
+            return 0
         with ExitStack() as held:  # what the run holds until it ends: the run dir's lock, the progress bar
             return train(cfg, held)
     except UsageError as e:

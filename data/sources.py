@@ -142,6 +142,9 @@ def text_files(cfg) -> list[str]:
     for pattern in patterns:
         matches = sorted(p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p))
         if not matches:
+            if os.path.isdir(os.path.expanduser(pattern)):
+                raise DataError(f"data.path={pattern!r} is a directory; name its files, e.g. "
+                                f"data.path='{os.path.join(pattern, '*.txt')}'")
             raise DataError(f"data.path={pattern!r} matches no file")
         files += [os.path.abspath(p) for p in matches if os.path.abspath(p) not in files]
     return files

@@ -6,9 +6,11 @@
     then, per new token, either
       cached:    forward(ids [B, 1], start=n - 1, cache) -> logits [B, V]   K/V of the prefix come from the cache
       uncached:  forward(window [B, n], start=0)          -> logits [B, V]   the whole prefix is recomputed
-    cache k, v: [n_layers, B * N, n_kv_heads, max_len, head_dim], max_len = min(context, P + max_new_tokens - 1),
-    allocated once per generation and written in place (the last new token is never fed back); the token window
-    beside it holds max_len + 1 ids per sample.
+    cache: each layer's k, v [B * N, n_kv_heads, max_len, head_dim] (model/kv_cache.py), max_len = min(context,
+    P + max_new_tokens - 1), allocated once per generation and written in place (the last new token is never fed
+    back); the token window beside it holds max_len + 1 ids per sample.
+    How a generation meets the context is a ContextPolicy, chosen once per generation (Engine.context_policy):
+    cached (it fits), streaming or rolling past it in the cache, sliding with re-prefills, or uncached.
 
 The cached one-token steps can go through a `decoder` the caller gives (e.g. torch.compile of the model,
 see generate.py --compile); the caller warms it up and times that, the engine only runs it.
@@ -76,32 +78,15 @@ def check_sampling(max_new_tokens: int, temperature: float, top_k: int | None, t
         raise SamplingError("top_p", top_p, "must be in (0, 1]")
 
 
-DYNAMIC_NTK_STREAMS = "its frequencies change with the sequence's length, which a stream does not have"
-
-
 def check_sink_tokens(model: Transformer, sink_tokens: int, context: int) -> None:
     """StreamingLLM's sink tokens, against the cache they are kept in and the model: SamplingError where they cannot
-    be. They need positions that are relative (RoPE's rotations, which the cache turns on, or none at all) and
-    full layers to keep them in."""
-    cfg = model.cfg
+    be, with the reason the model gives (Transformer.stream_refusal)."""
     if sink_tokens is None:
         return
     if not isinstance(sink_tokens, int) or not 0 <= sink_tokens < context:
         raise SamplingError("sink_tokens", sink_tokens, f"must be an integer in [0, the cache's {context} positions)")
-    if cfg.position in ("learned", "sinusoidal"):
-        raise SamplingError("sink_tokens", sink_tokens, f"with model.position={cfg.position}: StreamingLLM gives the "
-                            f"cached tokens positions within the cache, which RoPE's rotations (or no positions) "
-                            f"allow and a table added to the embeddings does not")
-    if cfg.rope_scaling == "dynamic" or (sink_tokens and cfg.rope_scaling == "yarn"):
-        raise SamplingError("sink_tokens", sink_tokens, f"with model.rope_scaling={cfg.rope_scaling}: " + (
-            DYNAMIC_NTK_STREAMS if cfg.rope_scaling == "dynamic" else "the sinks are rotated on by composing RoPE's "
-            "rotations, which YaRN's attention factor on cos and sin would scale again at each step"))
-    if cfg.attention == "mla":
-        raise SamplingError("sink_tokens", sink_tokens, "with attention=mla: its latent cache has no streaming form "
-                            "here")
-    if cfg.n_local_layers == cfg.n_layers:
-        raise SamplingError("sink_tokens", sink_tokens, f"with every layer local (model.window={cfg.window}): their "
-                            f"rolling caches stream already, and no full layer would keep sink tokens")
+    if refusal := model.stream_refusal(sink_tokens):
+        raise SamplingError("sink_tokens", sink_tokens, refusal)
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -142,6 +127,8 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     cache_bytes: int = 0
+    policy: str = ""  # the context policy that ran (ContextPolicy.name)
+    cache_positions: int = 0  # the positions its cache held (0: none)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -154,7 +141,7 @@ class GenerationStats:
     def __str__(self) -> str:
         return (f"prompt tokens {self.prompt_tokens} | generated tokens {self.generated_tokens} | "
                 f"prefill {self.prefill_tokens_per_s:,.0f} tokens/s | decode {self.decode_tokens_per_s:,.0f} tokens/s | "
-                f"KV cache {self.cache_bytes:,} bytes")
+                f"context {self.policy}, {self.cache_positions:,} positions cached | KV cache {self.cache_bytes:,} bytes")
 
 
 class Engine:
@@ -184,14 +171,15 @@ class Engine:
             raise SamplingError(setting, value, shortfall)
         self.model.fit_positions(length)
 
-    def streams(self, use_cache: bool) -> bool:
-        """Whether a cached generation goes on past the context in its cache, each position written once: sink tokens
-        for the full layers, or every layer local with a window shorter than the context (its own rolling cache);
-        and positions that run on the same way at any length (not a learned table, not dynamic NTK's)."""
-        cfg = self.model.cfg
-        rolls = self.sink_tokens is not None or all((window or self.context) < self.context
-                                                    for window in cfg.layer_windows)
-        return use_cache and rolls and cfg.position != "learned" and cfg.rope_scaling != "dynamic"
+    def context_policy(self, use_cache: bool, prompt_len: int, max_new_tokens: int) -> type[ContextPolicy]:
+        """How a generation of these lengths meets the context, chosen once: within it, its cache (Cached); past it,
+        in the cache itself where the layers roll or the sink tokens stream (Streaming: each position written once),
+        else re-prefilling a slid window (Sliding); without a cache, recomputing the prefix (Uncached)."""
+        if not use_cache:
+            return Uncached
+        if prompt_len + max_new_tokens - 1 <= self.context:
+            return Cached
+        return Streaming if self.sink_tokens is not None or self.model.rolls(self.context) else Sliding
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -215,13 +203,14 @@ class Engine:
                   file=sys.stderr)
             prompts = [p[:sinks] + p[len(p) - (context - sinks):] for p in prompts]
         device = self.model.tok_emb.weight.device
-        if self.streams(use_cache):  # positions run past the context: their tables made once, not grown each step
+        policy = self.context_policy(use_cache, len(prompts[0]), max_new_tokens)
+        if policy.runs_past_context:  # positions run past the context: their tables made once, not grown each step
             self._fit_tables(len(prompts[0]) + max_new_tokens, "max_new_tokens", max_new_tokens)
         self._check_memory(len(prompts) * num_samples, self._positions(len(prompts[0]), max_new_tokens), use_cache,
                            max_new_tokens)
         generator = torch.Generator(device).manual_seed(seed) if seed is not None else None
         pick = partial(sample, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        return self._run(torch.tensor(prompts, device=device), num_samples, max_new_tokens, pick, use_cache, eos_id)
+        return self._run(torch.tensor(prompts, device=device), num_samples, max_new_tokens, pick, policy, eos_id)
 
     def _positions(self, prompt_len: int, max_new_tokens: int) -> int:
         """The positions a generation holds at once, the cache's length (the last new token is never fed back)."""
@@ -247,46 +236,26 @@ class Engine:
         return self.tokenizer.decode(ids + new)
 
     @torch.inference_mode()
-    def _run(self, prompt: torch.Tensor, num_samples: int, max_new_tokens: int, pick, use_cache: bool,
+    def _run(self, prompt: torch.Tensor, num_samples: int, max_new_tokens: int, pick, policy_class: type[ContextPolicy],
              eos_id: int | None):
-        model, context = self.model, self.context
-        prompt_len = prompt.shape[1]
+        model = self.model
         batch = prompt.shape[0] * num_samples
-        keep = max(1, context // 2)  # tokens kept when the window slides
-        positions = self._positions(prompt_len, max_new_tokens)
-        streams = self.streams(use_cache)
-        if not streams:  # the tokens the model sees, at positions 0 .. n - 1 (the spare slot: the one that overflows)
-            window = torch.empty(batch, positions + 1, dtype=torch.long, device=prompt.device)
-            window[:, :prompt_len] = prompt.repeat_interleave(num_samples, dim=0)
-        n = prompt_len
-        # a cache of no more positions than sink tokens holds the whole generation: it never streams
-        sink_tokens = self.sink_tokens if positions > (self.sink_tokens or 0) else None
-        cache = model.new_kv_cache(batch, positions, sink_tokens=sink_tokens) if use_cache else None
-        self.stats = stats = GenerationStats(prompt_tokens=prompt.numel(),
-                                             cache_bytes=cache.nbytes if cache is not None else 0)
+        policy = policy_class(self, prompt, num_samples, self._positions(prompt.shape[1], max_new_tokens))
+        cache = policy.cache
+        self.stats = stats = GenerationStats(prompt_tokens=prompt.numel(), policy=policy.name,
+                                             cache_bytes=cache.nbytes if cache is not None else 0,
+                                             cache_positions=cache.max_len if cache is not None else 0)
         ended = torch.zeros(batch, dtype=torch.bool, device=prompt.device)
         was_training = model.training
         model.eval()
         try:
             clock = time.perf_counter()
-            logits = self._prefill(prompt, num_samples, cache)
+            logits = self._prefill(prompt, num_samples, cache, policy.sink_tokens)
             stats.prefill_s = self._elapsed(clock)
             clock = time.perf_counter()
             for step in range(max_new_tokens):
-                if step and streams:  # the cache takes every position: the last one is all the model needs
-                    n += 1
-                    logits = self._forward(next_id[:, None], n - 1, cache, self.decoder)
-                elif step:
-                    window[:, n] = next_id
-                    n += 1
-                    if n > context:  # slide: keep the last `keep` tokens, re-prefill them from position 0
-                        window[:, :keep] = window[:, n - keep:n]
-                        n = keep
-                        logits = self._forward(window[:, :n], 0, cache)
-                    elif cache is None:  # the O(n^2) path the cache removes: recompute the whole prefix
-                        logits = self._forward(window[:, :n], 0, None)
-                    else:  # reads and extends the cache
-                        logits = self._forward(next_id[:, None], n - 1, cache, self.decoder)
+                if step:
+                    logits = policy.step(next_id)
                 next_id = pick(logits)
                 new_tokens = batch if eos_id is None else batch - int(ended.sum())
                 stats.generated_tokens += new_tokens
@@ -302,17 +271,18 @@ class Engine:
         finally:
             model.train(was_training)
 
-    def _prefill(self, prompt: torch.Tensor, num_samples: int, cache: KVCache | None) -> torch.Tensor:
+    def _prefill(self, prompt: torch.Tensor, num_samples: int, cache: KVCache | None,
+                 sink_tokens: int | None = None) -> torch.Tensor:
         """One forward of the prompts [B, P] at batch B -> the last logits of every sample, [B * num_samples, V];
-        the cache's rows of prompt b's samples get its K/V at positions 0 .. P - 1."""
+        the cache's rows of prompt b's samples get its K/V at positions 0 .. P - 1 (sink_tokens: the cache's)."""
         if num_samples == 1:
             return self._forward(prompt, 0, cache)
         # the batch's cache at the full cache's length, so that dynamic NTK scales the prompt as the rest
-        once = None if cache is None else self.model.new_kv_cache(prompt.shape[0], cache.max_len, cache.dtype,
-                                                                   cache.sink_tokens)
+        once = None if cache is None else self.model.new_kv_cache(prompt.shape[0], cache.max_len,
+                                                                   sink_tokens=sink_tokens)
         logits = self._forward(prompt, 0, once)
         if cache is not None:
-            cache.fill_prefix(once, repeats=num_samples, length=prompt.shape[1])
+            cache.fill_from(once, repeats=num_samples, length=prompt.shape[1])
         return logits.repeat_interleave(num_samples, dim=0)
 
     def _forward(self, tokens: torch.Tensor, start: int, cache: KVCache | None, model=None) -> torch.Tensor:
@@ -324,6 +294,89 @@ class Engine:
         if self.model.tok_emb.weight.is_cuda:  # kernels run asynchronously; wait for them before reading the clock
             torch.cuda.synchronize()
         return time.perf_counter() - since
+
+
+class ContextPolicy:
+    """How one generation meets the context, chosen once (Engine.context_policy): it holds the generation's cache and
+    computes the logits of each step after the prefill from the token just sampled, so that the step loop asks it
+    nothing else. n: the tokens the model has read so far, at positions 0 .. n - 1."""
+    name = ""
+    runs_past_context = False  # whether positions go on past the context (their tables are made for them at once)
+    sink_tokens: int | None = None  # the cache's (model/kv_cache.py's StreamingCache)
+
+    def __init__(self, engine: Engine, prompt: torch.Tensor, num_samples: int, positions: int):
+        self.engine, self.n = engine, prompt.shape[1]
+        self.cache = self.new_cache(prompt.shape[0] * num_samples, positions)
+
+    def new_cache(self, batch: int, positions: int) -> KVCache | None:
+        return self.engine.model.new_kv_cache(batch, positions, sink_tokens=self.sink_tokens)
+
+    def step(self, next_id: torch.Tensor) -> torch.Tensor:
+        """Reads next_id [B] at position n: the cache holds every earlier one."""
+        self.n += 1
+        return self.engine._forward(next_id[:, None], self.n - 1, self.cache, self.engine.decoder)
+
+
+class Cached(ContextPolicy):
+    """The whole generation fits in the context, and in the cache."""
+    name = "cached"
+
+
+class Streaming(ContextPolicy):
+    """Past the context in the cache itself: local layers roll through their window, and with sink tokens S the full
+    layers keep the first S positions and roll through the rest (StreamingLLM). Nothing is re-prefilled."""
+    runs_past_context = True
+
+    def __init__(self, engine: Engine, prompt: torch.Tensor, num_samples: int, positions: int):
+        self.sink_tokens = engine.sink_tokens  # None: the local layers roll alone
+        self.name = "rolling" if self.sink_tokens is None else f"streaming ({self.sink_tokens} sink tokens)"
+        super().__init__(engine, prompt, num_samples, positions)
+
+
+class Uncached(ContextPolicy):
+    """No cache: every step recomputes the whole prefix, the O(n^2) path the cache removes. The tokens the model sees
+    are kept in a window; when a new token would not fit in the context, the window slides: its last context // 2
+    tokens are kept and read again from position 0."""
+    name = "uncached"
+
+    def __init__(self, engine: Engine, prompt: torch.Tensor, num_samples: int, positions: int):
+        super().__init__(engine, prompt, num_samples, positions)
+        # the spare slot: the token that overflows, before the window slides
+        self.window = torch.empty(prompt.shape[0] * num_samples, positions + 1, dtype=torch.long,
+                                  device=prompt.device)
+        self.window[:, :self.n] = prompt.repeat_interleave(num_samples, dim=0)
+        self.keep = max(1, engine.context // 2)
+
+    def new_cache(self, batch: int, positions: int) -> None:
+        return None
+
+    def append(self, next_id: torch.Tensor) -> bool:
+        """Puts next_id in the window; whether that slid it."""
+        self.window[:, self.n] = next_id
+        self.n += 1
+        if self.n <= self.engine.context:
+            return False
+        self.window[:, :self.keep] = self.window[:, self.n - self.keep:self.n]
+        self.n = self.keep
+        return True
+
+    def step(self, next_id: torch.Tensor) -> torch.Tensor:
+        self.append(next_id)
+        return self.engine._forward(self.window[:, :self.n], 0, None)
+
+
+class Sliding(Uncached):
+    """Cached up to the context, then the window slides as Uncached's does and its tokens are re-prefilled into the
+    cache: one prefill per context // 2 new tokens, and the model sees only the window."""
+    name = "sliding"
+
+    def new_cache(self, batch: int, positions: int) -> KVCache:
+        return ContextPolicy.new_cache(self, batch, positions)
+
+    def step(self, next_id: torch.Tensor) -> torch.Tensor:
+        if self.append(next_id):
+            return self.engine._forward(self.window[:, :self.n], 0, self.cache)
+        return self.engine._forward(next_id[:, None], self.n - 1, self.cache, self.engine.decoder)
 
 
 def compiled_decoder(engine: Engine, batch: int) -> float:

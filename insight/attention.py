@@ -20,9 +20,10 @@ from contextlib import contextmanager
 
 import torch
 
-from model.attention import attention_scores
+from model.attention import Attention, attention_scores
+from model.block import attention_class
 from model.config import ModelConfig, attention_kind
-from model.kv_cache import kv_cache_bytes
+from model.kv_cache import positions_held
 from model.transformer import Transformer
 from training.diagnostics import normalised_entropy
 
@@ -60,10 +61,10 @@ def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:
 
 def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
     """For each query head, the cached heads it reads, measured on block 0: the rows that make each cached head's
-    values (a V head's among the stacked [Wq; Wk; Wv], MLA's latent among [W_dkv; W_kr]) are zeroed in turn (on a
-    copy), and the query heads whose outputs change, at the output projection's input, read it."""
-    cfg = model.cfg
-    H, cached_heads, D = cfg.n_heads, cfg.cache_layout[0], cfg.head_dim
+    values (the attention's cached_value_rows: a V head's among the stacked [Wq; Wk; Wv], MLA's latent among
+    [W_dkv; W_kr]) are zeroed in turn (on a copy), and the query heads whose outputs change, at the output
+    projection's input, read it."""
+    H = model.cfg.n_heads
     x, start = attention_inputs(model, tokens)[0]
     probe = copy.deepcopy(model.blocks[0].attn)
     outputs = []
@@ -71,11 +72,7 @@ def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
     reads = [[] for _ in range(H)]
     with torch.no_grad():
         probe(x, start)
-        for j in range(cached_heads):
-            if cfg.attention == "mla":  # one latent, every head's K and V
-                source, rows = probe.kv_down, slice(0, cfg.kv_rank)
-            else:
-                source, rows = probe.qkv, slice((H + cfg.n_kv_heads + j) * D, (H + cfg.n_kv_heads + j + 1) * D)
+        for j, (source, rows) in enumerate(probe.cached_value_rows()):
             params = [p for p in (source.weight, source.bias) if p is not None]
             saved = [p[rows].clone() for p in params]
             for p in params:
@@ -92,18 +89,20 @@ def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
 def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict]:
     """One sequence's cache at the full context for every K/V head count the model's width allows (the divisors
     of n_heads): MHA at n_heads, MQA at 1, GQA between, each with the model's local layers holding their window;
-    and an MLA model's own latent cache (d_c + d_R) beside."""
+    and beside them the model's own cache where its attention kind is another (MLA's latent: d_c + d_R)."""
+    kind = attention_class(cfg)
+    held = positions_held(cfg.n_layers, cfg.context_length, cfg.window, cfg.n_local_layers)
     counts = [n for n in range(cfg.n_heads, 0, -1) if cfg.n_heads % n == 0]
     rows = [{"attention": attention_kind(cfg.n_heads, n).upper(), "kv_heads": n,
-             "bytes": kv_cache_bytes(cfg.n_layers, n, cfg.head_dim, cfg.context_length, 1, bytes_per_element,
-                                     window=cfg.window, local_layers=cfg.n_local_layers),
-             "this_model": cfg.attention != "mla" and n == cfg.n_kv_heads}
+             "bytes": Attention.PER_POSITION.elements({"kv_heads": n, "head_dim": cfg.head_dim}) * held
+             * bytes_per_element,
+             "this_model": kind is Attention and n == cfg.n_kv_heads}
             for n in counts]
-    if cfg.attention == "mla":
-        _, key_dim, value_dim = cfg.cache_layout
-        rows.append({"attention": f"MLA ({cfg.kv_rank} + {cfg.rope_dim})", "kv_heads": 1, "this_model": True,
-                     "bytes": kv_cache_bytes(cfg.n_layers, 1, key_dim, cfg.context_length, 1, bytes_per_element,
-                                             value_dim)})
+    if kind is not Attention:
+        rows.append({"attention": kind.PER_POSITION.row.format(**kind.cache_dims(cfg)), "kv_heads": 1,
+                     "this_model": True, "bytes": sum(kind.cache_bytes(cfg, layer, cfg.context_length, 1,
+                                                                       bytes_per_element)
+                                                      for layer in range(cfg.n_layers))})
     return rows
 
 

@@ -1,13 +1,15 @@
 """The report's page: one self-contained HTML file (figures as base64 data URIs, styles and script inline,
 nothing fetched), its tables (the same ones go to W&B), and the KV-cache estimator, a form whose inline
-JavaScript computes model/kv_cache.py's formula (kv_cache_bytes) as its fields change: a page opened without
-Python needs it in the browser's language, and tests/test_report.py's browser test holds the two equal.
+JavaScript computes model/kv_cache.py's formula (each attention kind's cost of one position, its PER_POSITION, times
+the positions held) as its fields change: a page opened without Python needs it in the browser's language, and
+tests/test_report.py's browser test holds the two equal.
 """
 import base64
 import html
 import json
 
 from insight.blocks import NEAR_ZERO, STREAM_STATS
+from model.block import ATTENTIONS
 
 # (id, title, what it shows and the chapter's point it measures, its figures' name prefixes, its tables)
 SECTIONS = [
@@ -77,13 +79,15 @@ SECTIONS = [
      ("experts",), ("experts",)),
 ]
 
-ESTIMATOR_FIELDS = (("layers", "layers L"), ("kv_heads", "K/V heads H_kv"), ("head_dim", "head dim d_head"),
-                    ("kv_rank", "MLA latent d_c"), ("rope_head_dim", "MLA RoPE key d_R"),
+CACHE_KINDS = [kind.PER_POSITION for kind in ATTENTIONS]  # what one position costs in a layer, by attention kind
+ESTIMATOR_FIELDS = (("layers", "layers L"), *((field.name, field.label) for kind in CACHE_KINDS for field in kind.fields),
                     ("seq", "sequence length S"), ("batch", "batch"), ("window", "window W (0: none)"),
                     ("local_layers", "local layers L_w"))
-WHOLE = ("rope_head_dim", "window", "local_layers")  # fields that may be 0: no RoPE key, no window, no local layer
-# what one token's cache holds in a layer, by the cache's kind: K and V heads, or MLA's latent and RoPE key
-PER_TOKEN = {"heads": ("kv_heads", "head_dim"), "latent": ("kv_rank", "rope_head_dim")}
+# fields that may be 0 (e.g. MLA's RoPE key, without RoPE), no window, no local layer
+WHOLE = (*(field.name for kind in CACHE_KINDS for field in kind.fields if field.least == 0), "window", "local_layers")
+# the page's script computes each kind's cost of one position from its fields and terms (model/kv_cache.py)
+PER_POSITION = {kind.name: {"fields": [field.name for field in kind.fields], "terms": kind.terms}
+                for kind in CACHE_KINDS}
 
 
 def _ms(seconds: float) -> float:
@@ -196,15 +200,16 @@ def _estimator(estimator: dict) -> str:
     first = estimator["presets"][0]
     fields = "".join(f'<label>{text} <input id="est-{key}" type="number" min="{int(key not in WHOLE)}" step="1" '
                      f'value="{first.get(key, "")}"></label>' for key, text in ESTIMATOR_FIELDS)
-    kinds = "".join(f'<option value="{kind}"{" selected" if kind == first["cache"] else ""}>{text}</option>'
-                    for kind, text in (("heads", "K/V heads"), ("latent", "MLA latent")))
+    kinds = "".join(f'<option value="{kind.name}"{" selected" if kind.name == first["cache"] else ""}>{kind.label}'
+                    f'</option>' for kind in CACHE_KINDS)
+    per_position = ", or ".join(f"{kind.formula(' × ')} for {kind.label}" for kind in CACHE_KINDS)
     dtypes = "".join(f'<option value="{d}"{" selected" if d == first["dtype"] else ""}>{d} ({b} bytes)</option>'
                      for d, b in estimator["bytes_per_element"].items())
     buttons = "".join(f'<button type="button" data-preset="{i}">{html.escape(p["name"])}</button>'
                       for i, p in enumerate(estimator["presets"]))
     return f"""<form id="estimator" onsubmit="return false">
 <h3>KV-cache estimator</h3>
-<p class="formula">bytes = ((L − L_w) × S + L_w × min(W, S)) × (2 × H_kv × d_head, or with MLA d_c + d_R) × batch × bytes per element</p>
+<p class="formula">bytes = ((L − L_w) × S + L_w × min(W, S)) × ({per_position}) × batch × bytes per element</p>
 <div class="fields"><label>cache <select id="est-cache">{kinds}</select></label>{fields}<label>dtype <select id="est-dtype">{dtypes}</select></label></div>
 <div class="presets">{buttons}</div>
 <p class="result"><output id="est-bytes"></output> bytes = <output id="est-gb"></output></p>
@@ -213,7 +218,7 @@ def _estimator(estimator: dict) -> str:
 const BYTES_PER_ELEMENT = {json.dumps(estimator["bytes_per_element"])};
 const PRESETS = {json.dumps(estimator["presets"])};
 const FIELDS = {json.dumps([key for key, _ in ESTIMATOR_FIELDS])};
-const PER_TOKEN = {json.dumps(PER_TOKEN)};
+const PER_POSITION = {json.dumps(PER_POSITION)};
 const WHOLE = {json.dumps(WHOLE)};
 function refuse(message) {{
   document.getElementById("est-bytes").textContent = message;
@@ -221,7 +226,7 @@ function refuse(message) {{
 }}
 function recompute() {{
   const cache = document.getElementById("est-cache").value, n = {{}};
-  for (const key of ["layers", ...PER_TOKEN[cache], "seq", "batch", "window", "local_layers"]) {{
+  for (const key of ["layers", ...PER_POSITION[cache].fields, "seq", "batch", "window", "local_layers"]) {{
     const text = document.getElementById("est-" + key).value.trim();
     const zero = WHOLE.includes(key);  // MLA without RoPE has no RoPE key; 0 windows, 0 local layers
     if (!(zero ? /^(0|[1-9][0-9]*)$/ : /^[1-9][0-9]*$/).test(text)) {{
@@ -233,8 +238,10 @@ function recompute() {{
   const local = n.window > 0n ? n.local_layers : 0n;  // without a window every layer holds S positions
   const held = n.window > 0n && n.window < n.seq ? n.window : n.seq;
   const slots = (n.layers - local) * n.seq + local * held;
-  const perToken = cache === "latent" ? n.kv_rank + n.rope_head_dim : 2n * n.kv_heads * n.head_dim;
-  const bytes = slots * perToken * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
+  // a sum of terms, each a coefficient times a product of fields
+  const perPosition = PER_POSITION[cache].terms.reduce(
+    (sum, [coefficient, names]) => sum + names.reduce((product, name) => product * n[name], BigInt(coefficient)), 0n);
+  const bytes = slots * perPosition * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
   document.getElementById("est-bytes").textContent = bytes.toLocaleString("en-US");
   document.getElementById("est-gb").textContent = readable(Number(bytes));
 }}

@@ -1,7 +1,7 @@
 """A model from a directory of either kind: this repo's checkpoint (storage/checkpoint.py) or a transformers
-LLaMA or Qwen3 directory (interop/hf_llama.py), told apart by config.json (transformers' names a model_type, ours a
-format_version). The mapping is imported only for a transformers directory, so loading a native checkpoint
-never imports it."""
+directory of one of the families (interop/hf.py, interop/families/), told apart by config.json (transformers' names
+a model_type, ours a format_version). The mapping is imported only for a transformers directory, so loading a native
+checkpoint never imports it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,11 +14,11 @@ from storage.checkpoint import load_checkpoint, read_config, resolve_ckpt_dir, r
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
     """Returns (model in eval mode, its dir); the tokenizer is dir / 'tokenizer.model'. `path` may be a run dir
-    (holding ckpt/), a checkpoint dir or a transformers LLaMA or Qwen3 directory."""
+    (holding ckpt/), a checkpoint dir or a transformers directory of one of the families."""
     ckpt_dir = resolve_ckpt_dir(path)
     config = read_config(ckpt_dir)
     if "model_type" in config:
-        from interop.hf_llama import load_transformers_dir  # here, not above: only this kind of dir needs it
+        from interop.hf import load_transformers_dir  # here, not above: only this kind of dir needs it
         return load_transformers_dir(ckpt_dir, config, device), ckpt_dir
     return load_checkpoint(path, device)  # from `path` again: a save that replaces ckpt/ meanwhile is retried whole
 

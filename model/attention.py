@@ -34,12 +34,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
-from model.kv_cache import KVCache
+from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
 from model.positions import Rotary
 from model.qk_norm import QKNorm
+from parsing import whole_number
 
 
 WINDOW_PATTERNS = "all, alternate or N:1 (N local layers to one global, e.g. 5:1)"  # model.window_pattern's forms
+
+
+def local_run_of(pattern) -> int | None:
+    """N of an N:1 pattern (N >= 1, in ASCII digits: parsing.py), else None."""
+    local, _, rest = pattern.partition(":") if isinstance(pattern, str) else ("", "", "")
+    run = whole_number(local)
+    return run if run is not None and run >= 1 and rest == "1" else None
 
 
 class Attention(nn.Module):
@@ -52,10 +60,7 @@ class Attention(nn.Module):
                                    or not 1 <= window < cfg.context_length):
             raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
                               f"{cfg.context_length}), or null for full attention")
-        forms = pattern.split(":") if isinstance(pattern, str) else []
-        readable = pattern in ("all", "alternate") or (
-            len(forms) == 2 and forms[0].isdigit() and int(forms[0]) >= 1 and forms[1] == "1")
-        if not readable:
+        if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
             raise ConfigError(f"model.window_pattern={pattern!r} must be {WINDOW_PATTERNS}")
         if window is None and pattern != "all":
             raise ConfigError(f"model.window_pattern={pattern} says which layers are local, but model.window=null "
@@ -76,16 +81,14 @@ class Attention(nn.Module):
     def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "Attention":
         """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm and sinks."""
         qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
-        return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm, layer,
+        return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
                    cfg.layer_windows[layer], cfg.sinks)
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                 rotary: Rotary | None, qk_norm: QKNorm | None, layer: int, window: int | None = None,
-                 sinks: bool = False):
+                 rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
-        self.layer = layer  # index into the KV cache
         self.window = window  # the positions a query sees, its own included; None: all earlier ones
         # gpt-oss's sink logits, one per query head; 0 at init: the sink starts as one more key of logit 0
         self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
@@ -135,12 +138,12 @@ class Attention(nn.Module):
         q, k = qk.split([H, H_kv], dim=1)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.heads(x, start)
         key_positions = None  # the keys are the positions up to the last query's, in order
         if cache is not None:
-            k, v, key_positions = cache.update(self.layer, start, k, v)
+            k, v, key_positions = cache.update(start, k, v)
         mask = visible_keys(start, T, k.shape[2], key_positions, self.window, x.device)
         dropout = self.dropout if self.training else 0.0
         if self.sinks is not None:
@@ -149,6 +152,50 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+    # The cache: K and V of n_kv_heads heads per position (model/kv_cache.py); a local layer holds its window
+    PER_POSITION = PerPosition(
+        name="heads", label="K/V heads", title="KV cache",
+        fields=(CacheField("kv_heads", "H_kv", "K/V heads H_kv", "K/V heads per layer (H_kv)"),
+                CacheField("head_dim", "d_head", "head dim d_head", "each K and V head's dims (d_head)")),
+        terms=((2, ("kv_heads", "head_dim")),), text="2 (K, V) x {kv_heads} KV heads x {head_dim} head dim")
+
+    @staticmethod
+    def cache_dims(cfg) -> dict[str, int]:
+        """The widths PER_POSITION reads, of a model of these settings."""
+        return {"kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}
+
+    @classmethod
+    def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
+        """What new_cache allocates for `positions` in block `layer`: a local one holds min(window, positions)."""
+        held = min(cfg.layer_windows[layer] or positions, positions)
+        return held * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
+
+    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                  sink_tokens: int | None = None) -> FullCache:
+        """This layer's cache of max_len positions: a window shorter than max_len rolls through it; otherwise, with
+        sink_tokens S, it streams past max_len keeping the first S positions (S = 0: the window alone)."""
+        sizes = (batch, self.n_kv_heads, max_len, self.head_dim, self.head_dim)
+        if self.rolls(max_len):
+            return RollingCache(*sizes, self.window, dtype, device)
+        if sink_tokens is not None:
+            return StreamingCache(*sizes, sink_tokens, self.rotary, dtype, device)
+        return FullCache(*sizes, dtype=dtype, device=device)
+
+    def rolls(self, max_len: int) -> bool:
+        """Whether this layer's cache of max_len positions goes on past them by itself: a window shorter than it."""
+        return self.window is not None and self.window < max_len
+
+    @staticmethod
+    def stream_refusal(cfg) -> str | None:
+        """Why this kind's cache cannot stream with sink tokens (None: it can, as a StreamingCache)."""
+        return None
+
+    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
+        """For each head the cache holds, the projection and its rows that make that head's values: V head j's
+        among the stacked [Wq; Wk; Wv] (insight's wiring probe zeroes them)."""
+        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        return [(self.qkv, slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)) for j in range(H_kv)]
 
 
 def mean_keys_seen(seq_len: int, window: int | None) -> float:

@@ -13,7 +13,7 @@ from torch import nn
 
 from model.attention import Attention
 from model.ffn import FeedForward
-from model.kv_cache import KVCache
+from model.kv_cache import FullCache
 from model.mla import LatentAttention
 from model.moe import MoE
 from model.norms import make_norm
@@ -24,9 +24,12 @@ from model.positions import Rotary
 # MQA are one class, Attention) and by model.ffn (SwiGLU, ReLU, GELU and ReLU² are FeedForward).
 ATTENTION_CLASSES = {"mla": LatentAttention}
 FFN_CLASSES = {"moe": MoE}
+ATTENTIONS = (Attention, LatentAttention)  # the attention kinds, the first the default of the estimators
 
 
 def attention_class(cfg) -> type[Attention] | type[LatentAttention]:
+    """The attention kind of cfg's blocks: what it caches and can do at generation, asked of the class where there
+    is no model (the memory estimators)."""
     return ATTENTION_CLASSES.get(cfg.attention, Attention)
 
 
@@ -63,7 +66,7 @@ class Block(nn.Module):
         GPT-2's scaled init draws again (model/transformer.py)."""
         return [*self.attn.residual_weights(), *self.ffn.residual_weights()]
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.attn_norm(x), start, cache))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))

@@ -14,6 +14,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from errors import ConfigError
+from model.attention import local_run_of
 from model.block import attention_class, validate_kinds
 from model.checks import is_number
 from model.ffn import hidden_width
@@ -34,7 +35,7 @@ def local_layers(pattern: str, n_layers: int) -> list[bool]:
     local, ... (gpt-oss); N:1: N local, then one global, repeated (Gemma 3's 5:1)."""
     if pattern == "all":
         return n_layers * [True]
-    local_run = 1 if pattern == "alternate" else int(pattern.split(":")[0])
+    local_run = 1 if pattern == "alternate" else local_run_of(pattern)
     return [layer % (local_run + 1) < local_run for layer in range(n_layers)]
 
 
@@ -165,14 +166,6 @@ class ModelConfig:
     @property
     def n_local_layers(self) -> int:
         return sum(window is not None for window in self.layer_windows)
-
-    @property
-    def cache_layout(self) -> tuple[int, int, int]:
-        """What one layer's cache holds per token (model/kv_cache.py): (heads, key dims, value dims). MLA's is one
-        "head" whose key is [c_kv, k_R] and whose value is that key's c_kv part, stored once (0 value dims)."""
-        if self.attention == "mla":
-            return 1, self.kv_rank + self.rope_dim, 0
-        return self.n_kv_heads, self.head_dim, self.head_dim
 
     def validate(self) -> None:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",

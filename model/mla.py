@@ -31,7 +31,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.attention import Attention, last_positions_mask, mean_keys_seen
-from model.kv_cache import KVCache
+from model.kv_cache import CacheField, FullCache, PerPosition
 from model.norms import RMSNorm
 from model.positions import Rotary
 
@@ -94,13 +94,12 @@ class LatentAttention(nn.Module):
 
     @classmethod
     def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "LatentAttention":
-        return cls(cfg, rotary, layer)
+        return cls(cfg, rotary)
 
-    def __init__(self, cfg, rotary: Rotary | None, layer: int):
+    def __init__(self, cfg, rotary: Rotary | None):
         super().__init__()
         self.n_heads, self.head_dim, self.value_dim = cfg.n_heads, cfg.head_dim, cfg.value_dim
         self.kv_rank, self.rope_dim = cfg.kv_rank, cfg.rope_dim
-        self.layer = layer  # index into the cache
         H, D, d_c, d_r = self.n_heads, self.head_dim, self.kv_rank, self.rope_dim
         # the latent and the RoPE key in one matmul: rows [W_dkv; W_kr] (Muon orthogonalises each on its own)
         self.kv_down = nn.Linear(cfg.d_model, d_c + d_r, bias=cfg.bias)
@@ -184,11 +183,11 @@ class LatentAttention(nn.Module):
         y_latent = y_latent[..., :d_c].reshape(B, H, T, d_c)
         return y_latent @ self.v_up.weight.view(H, self.value_dim, d_c).transpose(1, 2)  # W_uv,h: [B, H, T, D_v]
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, latent = self.project(x, start)
         if cache is not None:  # the cache's key is the latent; its value is the latent's c_kv part, so 0 dims
-            latents, _, _ = cache.update(self.layer, start, latent, latent[..., :0])
+            latents, _, _ = cache.update(start, latent, latent[..., :0])
         if cache is not None and start > 0:  # keys the cache holds: the absorbed form
             y = self.absorbed(q, latents, T)
         else:  # every key is new (training, a prefill): the naive form
@@ -196,3 +195,40 @@ class LatentAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
                                                dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, -1))
+
+    # The cache: one "head" per position, the key [c_kv, k_R], whose c_kv part is also the value (0 value dims)
+    PER_POSITION = PerPosition(
+        name="latent", label="MLA latent", title="latent cache (MLA)",
+        fields=(CacheField("kv_rank", "d_c", "MLA latent d_c", "MLA's latent dims per token and layer (d_c)"),
+                CacheField("rope_head_dim", "d_R", "MLA RoPE key d_R", "MLA's shared RoPE key dims (d_R, default 0)",
+                           least=0, default=0)),
+        terms=((1, ("kv_rank",)), (1, ("rope_head_dim",))), text="({kv_rank} latent + {rope_head_dim} RoPE key)",
+        window_refusal="this repo's latent attention has no window", row="MLA ({kv_rank} + {rope_head_dim})")
+
+    @staticmethod
+    def cache_dims(cfg) -> dict[str, int]:
+        """The widths PER_POSITION reads, of a model of these settings."""
+        return {"kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim}
+
+    @classmethod
+    def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
+        """What new_cache allocates for `positions`, in any block."""
+        return positions * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
+
+    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                  sink_tokens: int | None = None) -> FullCache:
+        """This layer's cache of max_len latents (stream_refusal refuses sink tokens)."""
+        return FullCache(batch, 1, max_len, self.kv_rank + self.rope_dim, 0, dtype=dtype, device=device)
+
+    def rolls(self, max_len: int) -> bool:
+        """No window: the cache holds every position (Attention.rolls)."""
+        return False
+
+    @staticmethod
+    def stream_refusal(cfg) -> str | None:
+        """Sink tokens refused (Attention.stream_refusal): the absorbed decode attends to every cached latent."""
+        return "with attention=mla: its latent cache has no streaming form here"
+
+    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
+        """The one "head" the cache holds, whose c_kv makes every head's keys and values: its rows of [W_dkv; W_kr]."""
+        return [(self.kv_down, slice(0, self.kv_rank))]

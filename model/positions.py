@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.rope_scaling import rope_frequencies
+from model.rope_scaling import rope_frequencies, scaling_stream_refusal
 
 
 class Rotary(nn.Module):
@@ -70,6 +70,11 @@ class Rotary(nn.Module):
             cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin  # rounded as transformers' (addcmul is not)
 
+    def stream_refusal(self, sink_tokens: int | None) -> str | None:
+        """Why a cache cannot stream past its length under these frequencies (Transformer.stream_refusal): RoPE's
+        rotations compose, so StreamingLLM can turn the sinks on, unless the scaling forbids it."""
+        return scaling_stream_refusal(self.scaling, sink_tokens)
+
 
 def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
     position = torch.arange(max_len, dtype=torch.float64).unsqueeze(1)
@@ -106,6 +111,15 @@ class AbsolutePositions(nn.Module):
 
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
         return x + self.table[start:start + x.shape[1]].to(x.dtype)
+
+    def stream_refusal(self, sink_tokens: int | None) -> str | None:
+        """Why a cache cannot stream past its length with these positions (Transformer.stream_refusal): a table added
+        to the embeddings fixes each token's position, where StreamingLLM moves them within the cache."""
+        if sink_tokens is None:
+            return None
+        kind = "learned" if self.learned else "sinusoidal"
+        return (f"with model.position={kind}: StreamingLLM gives the cached tokens positions within the cache, which "
+                f"RoPE's rotations (or no positions) allow and a table added to the embeddings does not")
 
 
 class PositionsError(ConfigError):

@@ -32,6 +32,26 @@ YARN_BETA_FAST = 32.0  # the paper's and transformers' defaults
 YARN_BETA_SLOW = 1.0
 
 
+DYNAMIC_NTK_STREAMS = "its frequencies change with the sequence's length, which a stream does not have"
+
+
+def scales(scaling: str | None) -> bool:
+    """Whether a --rope-scaling choice changes RoPE's frequencies (none, or no choice, leaves them)."""
+    return scaling not in (None, "none")
+
+
+def scaling_stream_refusal(scaling: str, sink_tokens: int | None) -> str | None:
+    """Why a cache cannot go on past its length under this scaling (None: it can): dynamic NTK's frequencies depend on
+    the length; YaRN's attention factor is on cos and sin, so the rotations that turn sink tokens on would compound it.
+    sink_tokens None: the rolling caches alone, whose keys keep their positions."""
+    if scaling == "dynamic":
+        return f"with model.rope_scaling=dynamic: {DYNAMIC_NTK_STREAMS}"
+    if scaling == "yarn" and sink_tokens:
+        return ("with model.rope_scaling=yarn: the sinks are rotated on by composing RoPE's rotations, which YaRN's "
+                "attention factor on cos and sin would scale again at each step")
+    return None
+
+
 def yarn_attention_factor(factor: float) -> float:
     return 0.1 * math.log(factor) + 1.0
 

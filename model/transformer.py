@@ -24,7 +24,7 @@ from torch import nn
 
 from model.block import Block, final_norm
 from model.config import ModelConfig
-from model.kv_cache import KVCache, kv_cache_bytes
+from model.kv_cache import KVCache
 from model.moe import MoE
 from model.positions import make_positions
 
@@ -119,22 +119,39 @@ class Transformer(nn.Module):
         return self.kv_cache_bytes(1, dtype=dtype)
 
     def kv_cache_bytes(self, positions: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
-        """The bytes new_kv_cache(batch, positions) allocates: model/kv_cache.py's formula, windows included."""
-        cfg = self.cfg
-        heads, key_dim, value_dim = cfg.cache_layout
-        return kv_cache_bytes(cfg.n_layers, heads, key_dim, positions, batch,
-                              torch.tensor([], dtype=dtype).element_size(), value_dim, cfg.window, cfg.n_local_layers)
+        """The bytes new_kv_cache(batch, positions) allocates: each layer's, as its attention counts them."""
+        size = torch.tensor([], dtype=dtype).element_size()
+        return sum(block.attn.cache_bytes(self.cfg, layer, positions, batch, size)
+                   for layer, block in enumerate(self.blocks))
 
     def new_kv_cache(self, batch: int, max_len: int | None = None, dtype: torch.dtype | None = None,
                      sink_tokens: int | None = None) -> KVCache:
-        """A cache of max_len positions (default: the context): local layers roll through their window; with
-        sink_tokens S the full layers stream past max_len (StreamingLLM), keeping their first S positions (S = 0:
-        the window alone)."""
-        cfg, param = self.cfg, self.tok_emb.weight
-        heads, key_dim, value_dim = cfg.cache_layout
-        return KVCache(cfg.n_layers, batch, heads, max_len or cfg.context_length, key_dim, value_dim,
-                       dtype or param.dtype, param.device, cfg.layer_windows,
-                       sink_tokens, self.rotary)
+        """A cache of max_len positions (default: the context), each layer's built by its attention: local layers
+        roll through their window; with sink_tokens S the full layers stream past max_len (StreamingLLM), keeping
+        their first S positions (S = 0: the window alone)."""
+        param = self.tok_emb.weight
+        return KVCache([block.attn.new_cache(batch, max_len or self.cfg.context_length, dtype or param.dtype,
+                                             param.device, sink_tokens) for block in self.blocks])
+
+    def rolls(self, context: int) -> bool:
+        """Whether a cached generation goes on past `context` positions in its layers' own caches, with no sink
+        tokens, each position written once: every layer's cache rolls at that length, and the positions run on at
+        any length (not a learned table, which ends, nor dynamic NTK's, which change with it)."""
+        return (all(block.attn.rolls(context) for block in self.blocks) and self.stream_refusal(None) is None
+                and not (self.abs_pos is not None and self.abs_pos.learned))
+
+    def stream_refusal(self, sink_tokens: int | None) -> str | None:
+        """Why this model's cache cannot stream past its length with StreamingLLM's sink_tokens S, keeping the first
+        S positions and giving the cached tokens positions within the cache (None: it can). None for sink_tokens
+        asks of the rolling caches alone, whose positions run on: only what the positions refuse then."""
+        position_tables = [table for table in (self.rotary, self.abs_pos) if table is not None]
+        refusals = [table.stream_refusal(sink_tokens) for table in position_tables]
+        if sink_tokens is not None:
+            refusals += [block.attn.stream_refusal(self.cfg) for block in self.blocks]
+            if all(block.attn.window is not None for block in self.blocks):
+                refusals.append(f"with every layer local (model.window={self.cfg.window}): their rolling caches "
+                                f"stream already, and no full layer would keep sink tokens")
+        return next((reason for reason in refusals if reason is not None), None)
 
     def with_rope_scaling(self, scaling: str, factor: float) -> "Transformer":
         """These weights read under another RoPE scaling (model/rope_scaling.py), the original context kept: a new
@@ -163,12 +180,13 @@ class Transformer(nn.Module):
         """last_only: logits of the last position only, [B, 1, V]: all that generation needs, and the
         LM head over every position is a fifth of a short prompt's FLOPs."""
         self.fit_positions(max(start + tokens.shape[1], cache.max_len if cache is not None else 0))
+        layer_caches = cache.layers if cache is not None else [None] * len(self.blocks)
         x = self.token_signal(tokens)
         if self.abs_pos is not None:
             x = self.abs_pos(x, start)
         x = self.dropout(x)
-        for block in self.blocks:
-            x = block(x, start, cache)
+        for block, layer_cache in zip(self.blocks, layer_caches):
+            x = block(x, start, layer_cache)
         if last_only:
             x = x[:, -1:]
         if self.final_norm is not None:

@@ -30,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import bench  # noqa: E402  (the repo root, for bench's timing and our generation run)
-from interop.gguf_llama import DTYPES, write_gguf  # noqa: E402
+from interop.gguf import DTYPES, write_gguf  # noqa: E402
 from model import Transformer  # noqa: E402
 from storage.checkpoint import load_checkpoint  # noqa: E402
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import export  # noqa: E402  (the repo root)
 from data import eval_batches, prepare_data  # noqa: E402
 from generation.engine import Engine  # noqa: E402
-from interop.gguf_llama import DTYPES  # noqa: E402
+from interop.gguf import DTYPES  # noqa: E402
 from storage.checkpoint import load_checkpoint  # noqa: E402
 from training.config import check_train_config  # noqa: E402
 from bench_gguf import open_llama_cpp  # noqa: E402  (this folder)

@@ -1,5 +1,6 @@
 """Files written whole or not at all: a reader (a resumed run, another process, a plot viewer) sees the old
 file or the new one, never half of one. No heavy imports, so every script can use it."""
+import glob
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ def atomic_file(path: Path) -> Iterator[Path]:
     except BaseException:  # a full disk, a kill signal's exception: no half-written temporary left behind
         tmp.unlink(missing_ok=True)
         raise
+    remove_dead_temporaries(path.parent, path.name)  # of an earlier write of this file that was killed (kill -9)
 
 
 def atomic_write(path: Path, write) -> None:
@@ -60,10 +62,10 @@ def write_json(path: Path, values: dict) -> None:
     atomic_write(path, lambda f: f.write((json.dumps(values, indent=2) + "\n").encode()))
 
 
-def remove_dead_temporaries(folder: Path) -> None:
-    """The temporary files atomic_write left in `folder` when its process was killed, once that process is gone
-    (a process writing there at this moment keeps its own)."""
-    for tmp in folder.glob(f"*{TMP_MARK}*"):
+def remove_dead_temporaries(folder: Path, name: str | None = None) -> None:
+    """The temporary files atomic_write left in `folder` (of the file `name`, default every file) when its process
+    was killed, once that process is gone (a process writing there at this moment keeps its own)."""
+    for tmp in Path(folder).glob(f"{'*' if name is None else glob.escape(name)}{TMP_MARK}*"):
         try:
             os.kill(int(tmp.name.rsplit(TMP_MARK, 1)[1]), 0)
         except ProcessLookupError:
@@ -86,6 +88,7 @@ def atomic_symlink(link: Path, target: Path) -> None:
     tmp.unlink(missing_ok=True)
     os.symlink(os.path.relpath(Path(target).resolve(), link.parent.resolve()), tmp)
     os.replace(tmp, link)
+    remove_dead_temporaries(link.parent, link.name)
 
 
 @contextmanager

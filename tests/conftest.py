@@ -8,6 +8,7 @@ import torch
 from data.tokenizer import Tokenizer, train_tokenizer
 from data_helpers import tiny_run
 from interop_helpers import VOCAB, corpus
+from processes import Descendants
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -20,6 +21,16 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
+
+
+@pytest.fixture(autouse=True, scope="session")
+def descendants():
+    """Every process the suite starts (tests/processes.py): none may outlive it, each given GRACE_S to end."""
+    seen = Descendants().start()
+    yield seen
+    seen.stop()
+    left = seen.outliving()
+    assert not left, f"processes the suite started outlived it (killed now): {left}"
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """Shared by the data and training tests: the real configs/data/*.yaml, composed by Hydra, as plain
 dicts, and a small corpus to train on."""
+import hashlib
 import io
 import json
 import logging
@@ -75,6 +76,12 @@ def metrics(run_dir: Path) -> list[dict]:
 def summary(run_dir: Path) -> dict:
     """A run's summary.json."""
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    """The sha256 of every file under folder, by its path there."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def run_train(run_dir: Path, *overrides: str, command=None, **kwargs) -> subprocess.CompletedProcess:

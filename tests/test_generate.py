@@ -19,8 +19,8 @@ from generation.kv_memory import kv_projections
 from generation.memory import available_memory, memory_shortfall
 from model import ModelConfig, Transformer
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
-from model.kv_cache import kv_cache_bytes
 from storage.checkpoint import save_checkpoint
+from cache_formula import kv_cache_bytes
 from weights import far_from_init, ffn_settings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,7 +120,8 @@ def test_one_prefill_fills_the_cache_rows_of_every_sample():
         logits = Engine(model)._prefill(prompts, 3, shared)
         expected = model(prompts.repeat_interleave(3, dim=0), 0, reference, last_only=True)[:, -1]
     torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
-    for (k, v), (k_ref, v_ref) in zip(shared.layers, reference.layers):
+    for (k, v), (k_ref, v_ref) in (((mine.keys, mine.values), (theirs.keys, theirs.values))
+                                   for mine, theirs in zip(shared.layers, reference.layers)):
         torch.testing.assert_close(k, k_ref, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(v, v_ref, rtol=1e-10, atol=1e-10)
         assert k[:, :, 5:].abs().sum() == 0
@@ -279,6 +280,18 @@ def test_generate_prints_the_greedy_text_and_stats(run_dir, tokenizer, capsys, t
     code, uncached_out, uncached_err = run_main(capsys, "--ckpt", run_dir / "ckpt", "--prompt", "the king",
                                                 "--max-new-tokens", 12, "--temperature", 0, "--no-kv-cache")
     assert (code, uncached_out) == (0, out) and "KV cache 0 bytes" in uncached_err
+    assert f"| context cached, {len(prompt) + 11} positions cached | " in err
+    assert "| context uncached, 0 positions cached | " in uncached_err
+
+
+@pytest.mark.parametrize("flags, policy", [([], "sliding"), (["--sink-tokens", "2"], "streaming (2 sink tokens)"),
+                                           (["--sink-tokens", "0"], "streaming (0 sink tokens)")])
+def test_the_stats_line_names_the_context_policy_past_the_context(run_dir, capsys, flags, policy):
+    """30 new tokens in a context of 16: the stats line says whether the window slid or the cache streamed with sink
+    tokens, and that the cache held 16 positions."""
+    code, _, err = run_main(capsys, "--ckpt", run_dir, "--prompt", "the king", "--max-new-tokens", 30,
+                            "--temperature", 0, "--ignore-eos", "--context", 16, *flags)
+    assert code == 0 and f"| context {policy}, 16 positions cached | KV cache " in err
 
 
 def test_compiled_decode_prints_the_eager_text_and_compiles_only_in_its_warm_up(run_dir, capsys, monkeypatch):
@@ -330,7 +343,7 @@ def test_stream_prints_multibyte_characters_whole(tokenizer, capsys):
     (["--max-new-tokens", "0"], "--max-new-tokens=0 must be in [1, 1,000,000]"),
     (["--max-new-tokens", "-3"], "--max-new-tokens=-3 must be in [1, 1,000,000]"),
     (["--max-new-tokens", "2000000"], "--max-new-tokens=2000000 must be in [1, 1,000,000]"),
-    (["--max-new-tokens", "ten"], "argument --max-new-tokens: invalid int value: 'ten'"),
+    (["--max-new-tokens", "ten"], "argument --max-new-tokens: 'ten' is not an integer written in ASCII digits"),
     (["--num-samples", "0"], "--num-samples=0 must be in [1, 1024]"),
     (["--num-samples", "100000"], "--num-samples=100000 must be in [1, 1024]"),
     (["--temperature", "-1"], "--temperature=-1.0 must be a finite number >= 0 (0 = greedy)"),

@@ -17,8 +17,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from data.tokenizer import TRAINER_SETTINGS
 from data_helpers import write_corpus
-from interop.gguf_llama import write_gguf
-from interop.hf_llama import InteropError
+from interop import InteropError
+from interop.gguf import write_gguf
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
 from storage.checkpoint import save_checkpoint

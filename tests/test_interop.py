@@ -22,11 +22,15 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config,
 
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer
 import generate
-from interop.hf_llama import hf_config, hf_state_dict, model_config_from_hf
+from interop import InteropError
+from interop.families import FAMILIES, family_for, family_of
+from interop.hf import hf_config, hf_head_dim, hf_layer_types, hf_state_dict, model_config_from_hf
 from interop.load import load_model
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
 from model.transformer import Transformer
+from settings import compose_config
 from storage.checkpoint import CheckpointError, save_checkpoint
+from training.config import model_config
 from weights import far_from_init
 
 
@@ -311,10 +315,10 @@ def test_import_needs_the_sentencepiece_model(tmp_path, hf_config_json):
 
 def test_a_native_checkpoint_is_generated_from_without_the_transformers_mapping(tmp_path, tokenizer_file):
     """generate.py reads a transformers directory too, yet on this repo's own checkpoint it never imports
-    interop/hf_llama.py: a fresh process generates, then lists what it imported."""
+    interop/hf.py or the families: a fresh process generates, then lists what it imported."""
     save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg()), tokenizer_file)
     script = ("import sys, generate; code = generate.main(['--ckpt', sys.argv[1], '--max-new-tokens', '2']); "
-              "print(code, 'interop.hf_llama' in sys.modules)")
+              "print(code, 'interop.hf' in sys.modules or 'interop.families' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parent.parent, check=True)
     assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
@@ -557,7 +561,8 @@ def test_moe_exports_to_its_family_with_equal_logits_and_greedy_text_and_back(tm
     (dict(router_bias_rate=1e-3), "no transformers Mixtral equivalent for model.router_bias_rate=0.001"),
     (dict(dense_layers=1), "no transformers Mixtral equivalent for model.dense_layers=1"),
     (dict(experts_per_token=1), "model.experts_per_token=1 has no transformers Mixtral equivalent"),
-    (dict(qk_norm="rmsnorm", n_shared_experts=1), "no transformers Qwen3-MoE equivalent for model.n_shared_experts=1"),
+    (dict(qk_norm="rmsnorm", router_bias_rate=1e-3),
+     "no transformers Qwen3-MoE equivalent for model.router_bias_rate=0.001"),
     (dict(n_kv_heads=4, kv_rank=16, rope_head_dim=4), "no transformers DeepseekV3 equivalent for model.router=softmax"),
 ])
 def test_moe_export_refuses_a_router_or_expert_its_family_lacks(tmp_path, tokenizer_file, capsys, switches, message):
@@ -611,3 +616,146 @@ def test_import_refuses_deepseek_v3s_rescaled_gates(tmp_path, tokenizer_file):
     with pytest.raises(CheckpointError, match=re.escape("routed_scaling_factor=2.5 is not supported")) as error:
         load_model(tmp_path / "hf")
     assert "\n" not in str(error.value)
+
+# --- Qwen3-Next: moe_tiny's shared expert (interop/families/qwen3_next.py) ------------------------------------
+
+def moe_tiny_cfg(**settings):
+    """moe_cfg's experts with moe_tiny's other parts: QK-norm, the softmax router and one shared expert."""
+    return moe_cfg(**dict(qk_norm="rmsnorm", n_shared_experts=1) | settings)
+
+
+def norm_gains(model: Transformer) -> set[str]:
+    return {name for name in model.state_dict() if name.endswith("norm.weight")}
+
+
+# The zero gates (sigmoid(0) = 1/2) and the doubled o_proj and shared down_proj cancel exactly (powers of two); a
+# gain g is stored as g - 1, which float32 holds exactly for g >= 1/2 and to half a step of its binade below (2^-24
+# for |g - 1| < 2): a relative error under float32's own rounding of each RMSNorm's output in transformers. So the
+# float64 bound is the other MoE families' (MOE_FLOAT64_STEPS, 2^-18 = 3.8e-6). Measured on these models (no dense
+# block / a dense first one; 8 and 7 of 192 gains below 1/2): float32 2.4e-6 / 9.5e-7 apart at largest logits 10.1 /
+# 9.9, under assert_same_model's 1e-5; float64 6.9e-7 / 9.0e-7 of the largest logit.
+@pytest.mark.parametrize("dense_layers", [0, 1])
+def test_moe_tiny_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
+                                                                                  capsys, dense_layers):
+    """QK-norm, the softmax router and a shared expert: Qwen3-Next with every layer attention, its output gate and
+    its shared expert's gate zero (1/2, undone by doubled down projections), its (1 + w) norms storing g - 1."""
+    model = far_from_init(Transformer(moe_tiny_cfg(dense_layers=dense_layers)))
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
+    assert type(theirs).__name__ == "Qwen3NextForCausalLM"
+    config = theirs.config
+    assert (config.layer_types, config.rope_parameters["partial_rotary_factor"], config.mlp_only_layers,
+            config.shared_expert_intermediate_size) == (["full_attention"] * 2, 1.0, list(range(dense_layers)), 12)
+    written, state = load_file(tmp_path / "hf" / "model.safetensors"), model.state_dict()
+    last = "model.layers.1."
+    assert not written[last + "mlp.shared_expert_gate.weight"].any()
+    assert not written[last + "self_attn.q_proj.weight"].view(4, 2, 8, 32)[:, 1].any()  # each head's gate rows
+    assert torch.equal(written[last + "self_attn.o_proj.weight"], 2 * state["blocks.1.attn.out.weight"])
+    assert torch.equal(written[last + "mlp.shared_expert.down_proj.weight"],
+                       2 * state["blocks.1.ffn.shared.w_out.weight"])
+    assert torch.equal(written[last + "self_attn.q_norm.weight"], state["blocks.1.attn.qk_norm.q_norm.weight"] - 1)
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, MOE_FLOAT64_STEPS)
+
+    reloaded, _ = load_model(tmp_path / "hf")
+    assert (reloaded.cfg.qk_norm, reloaded.cfg.router, reloaded.cfg.n_shared_experts, reloaded.cfg.dense_layers) == (
+        "rmsnorm", "softmax", 1, dense_layers)
+    back = reloaded.state_dict()
+    for name in state.keys() - norm_gains(model):
+        assert torch.equal(back[name], state[name]), name
+    gains = torch.cat([state[name] for name in sorted(norm_gains(model))])
+    returned = torch.cat([back[name] for name in sorted(norm_gains(model))])
+    above = gains >= 0.5
+    assert torch.equal(returned[above], gains[above]) and (~above).sum() > 0 and (gains - 1).abs().max() < 2
+    assert (returned - gains).abs().max() <= 2 ** -24
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (reloaded(tokens) - model(tokens)).abs().max() <= 1e-5  # assert_same_model's float32 bound
+
+
+def test_moe_tiny_preset_exports_to_qwen3_next_and_refuses_gguf(tmp_path, tokenizer_file, capsys):
+    """The preset itself is Qwen3-Next's; llama.cpp's qwen3next graph is not written, with the reason in one line."""
+    config = hf_config(model_config(compose_config(["model=moe_tiny"])))
+    assert [config[key] for key in ("model_type", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                                    "shared_expert_intermediate_size", "mlp_only_layers")] == [
+        "qwen3_next", 15, 3, 88, 88, []]
+    save_checkpoint(tmp_path / "ckpt", Transformer(moe_tiny_cfg()), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--format", "gguf", "--out", tmp_path / "out.gguf") == 2
+    assert one_error_line(capsys).startswith(
+        "error: model.n_shared_experts with model.qk_norm=rmsnorm has no llama.cpp export here: its family, "
+        "Qwen3-Next, is llama.cpp's qwen3next graph, whose loader makes three layers in four Gated DeltaNet")
+    assert not (tmp_path / "out.gguf").exists()
+
+
+@pytest.mark.parametrize("switches, message", [
+    (dict(window=8), "model.window=8 has no transformers Qwen3-Next equivalent: its attention layers attend to every "
+                     "earlier position"),
+    (dict(router_bias_rate=1e-3), "no transformers Qwen3-Next equivalent for model.router_bias_rate=0.001"),
+    (dict(experts_per_token=1), "model.experts_per_token=1 has no transformers Qwen3-Next equivalent")])
+def test_qwen3_next_export_refuses_what_it_lacks(tmp_path, tokenizer_file, capsys, switches, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(moe_tiny_cfg(**switches)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
+    assert one_error_line(capsys).startswith(f"error: {message}")
+    assert not (tmp_path / "hf").exists()
+
+
+def gate_rows_of_head_0(state: dict[str, torch.Tensor]) -> None:
+    state["model.layers.0.self_attn.q_proj.weight"][8:16] = 0.1
+
+
+def shared_gate(state: dict[str, torch.Tensor]) -> None:
+    state["model.layers.1.mlp.shared_expert_gate.weight"][0, 3] = 0.1
+
+
+@pytest.mark.parametrize("config_changes, weights_change, named", [
+    ({"partial_rotary_factor": None}, None, "partial_rotary_factor=0.25 is not supported"),  # None: Qwen3-Next's own
+    ({"layer_types": None}, None, "layer_types[0]='linear_attention' is not supported"),
+    ({"shared_expert_intermediate_size": 18}, None, "shared_expert_intermediate_size=18 is not supported"),
+    ({}, gate_rows_of_head_0, "model.layers.0.self_attn.q_proj.weight's output gate (each head's last head_dim rows) "
+                              "is not zero: this repo's attention output has no gate"),
+    ({}, shared_gate, "model.layers.1.mlp.shared_expert_gate.weight is not zero: this repo's shared experts are not "
+                      "gated")])
+def test_import_refuses_what_qwen3_next_has_and_this_repo_lacks(tmp_path, tokenizer_file, config_changes,
+                                                                weights_change, named):
+    """Qwen3-Next's defaults (a quarter of each head rotated; three layers in four Gated DeltaNet), a shared expert
+    of another width, and gates that are not zero: each refused in one line."""
+    model = Transformer(moe_tiny_cfg(dense_layers=1))
+    config = hf_config(model.cfg) | config_changes
+    d = write_hf_dir(tmp_path / "hf", {k: v for k, v in config.items() if v is not None}, tokenizer_file)
+    state = hf_state_dict(model)
+    if weights_change is not None:
+        weights_change(state)
+    save_file(state, d / "model.safetensors")
+    with pytest.raises(CheckpointError, match=re.escape(named)) as error:
+        load_model(d)
+    assert "\n" not in str(error.value)
+
+# --- the registry (interop/families/) ---------------------------------------------------------
+
+@pytest.mark.parametrize("switches, model_type", [
+    (dict(), "llama"), (dict(qk_norm="rmsnorm"), "qwen3"),
+    (dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12, qk_norm="rmsnorm", n_shared_experts=1),
+     "qwen3_next"),
+    (dict(kv_rank=16, rope_head_dim=4, n_kv_heads=4), "deepseek_v3"),
+    *((dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12) | switches, family)
+      for family, (switches, _) in MOE_FAMILIES.items()),
+    *((switches, family.removesuffix("_moe") if family == "gpt_oss_moe" else family)
+      for family, (switches, _) in WINDOWED.items())])
+def test_the_registry_gives_a_model_and_its_config_json_one_family(switches, model_type):
+    """family_of asks the most specific family first: each model goes to its own, and its config.json comes back
+    to the same one."""
+    cfg = llama_cfg(**switches)
+    assert family_of(cfg).model_type == model_type == family_for(hf_config(cfg)).model_type
+    assert len({family.model_type for family in FAMILIES}) == len(FAMILIES)
+
+
+def test_a_qwen2_config_json_is_read_for_its_windows_and_refused_by_import():
+    """Qwen2 (no family this repo exports) reads as transformers does: its window only with use_sliding_window, from
+    max_window_layers on, and hidden / heads as its head dim; an import names why it is refused."""
+    config = {"model_type": "qwen2", "hidden_size": 64, "num_attention_heads": 4, "sliding_window": 16}
+    assert hf_layer_types(config, 3) == (None, 3 * ["full_attention"]) and hf_head_dim(config) == 16
+    windowed = config | {"use_sliding_window": True, "max_window_layers": 1}
+    assert hf_layer_types(windowed, 3) == (16, ["full_attention"] + 2 * ["sliding_attention"])
+    with pytest.raises(InteropError, match="model_type='qwen2' is not supported: its q, k and v projections have "
+                                           "biases"):
+        model_config_from_hf(windowed)

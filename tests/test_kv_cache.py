@@ -1,5 +1,5 @@
-"""The KV cache (model/kv_cache.py): its allocation against the formula and its in-place writes; the memory
-estimator (generation/kv_memory.py) against the chapter's LLaMA-2-7B table."""
+"""The KV cache (model/kv_cache.py): its layers' caches, their allocation against the formula, their in-place writes
+and prefix copies; the memory estimator (generation/kv_memory.py) against the chapter's LLaMA-2-7B table."""
 import json
 
 import pytest
@@ -9,16 +9,19 @@ from data.tokenizer import train_tokenizer
 from errors import UsageError
 from generation.kv_memory import estimate, kv_projections, main
 from model import KVCache, ModelConfig, Transformer
-from model.kv_cache import kv_cache_bytes
+from model.attention import Attention
+from model.kv_cache import FullCache, RollingCache, StreamingCache
+from model.mla import LatentAttention
 from storage.checkpoint import save_checkpoint
+from cache_formula import kv_cache_bytes
 
 LLAMA2_7B = ["--layers", "32", "--head-dim", "128", "--seq", "4096", "--dtype", "fp16"]
 
 
 @pytest.mark.parametrize("dtype,size", [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)])
 def test_allocated_bytes_equal_the_formula(dtype, size):
-    cache = KVCache(n_layers=3, batch=2, heads=2, max_len=10, key_dim=8, dtype=dtype)
-    assert all(k.shape == v.shape == (2, 2, 10, 8) for k, v in cache.layers)
+    cache = KVCache([FullCache(batch=2, heads=2, max_len=10, key_dim=8, value_dim=8, dtype=dtype) for _ in range(3)])
+    assert all(layer.keys.shape == layer.values.shape == (2, 2, 10, 8) for layer in cache.layers)
     assert cache.nbytes == kv_cache_bytes(3, 2, 8, 10, batch=2, bytes_per_element=size) == 2 * 3 * 2 * 8 * 10 * 2 * size
 
 
@@ -29,19 +32,19 @@ def test_fewer_kv_heads_shrink_the_cache_by_n_heads_over_n_kv_heads():
 
 
 def test_update_writes_in_place_and_returns_the_prefix():
-    cache = KVCache(n_layers=2, batch=1, heads=2, max_len=6, key_dim=4)
-    storage = cache.layers[1][0].data_ptr()
+    cache = KVCache([FullCache(batch=1, heads=2, max_len=6, key_dim=4, value_dim=4) for _ in range(2)])
+    storage = cache.layers[1].keys.data_ptr()
     first = torch.randn(1, 2, 4, 4)
-    cache.update(1, 0, first, -first)
+    cache.layers[1].update(0, first, -first)
     step = torch.randn(1, 2, 1, 4)
-    k, v, positions = cache.update(1, 4, step, -step)
+    k, v, positions = cache.layers[1].update(4, step, -step)
     assert positions is None  # positions 0 .. 4 in order
-    assert cache.layers[1][0].data_ptr() == storage == k.data_ptr()  # views, no copy
+    assert cache.layers[1].keys.data_ptr() == storage == k.data_ptr()  # views, no copy
     torch.testing.assert_close(k, torch.cat([first, step], dim=2), rtol=0, atol=0)
     torch.testing.assert_close(v, -k, rtol=0, atol=0)
-    assert cache.layers[0][0].abs().sum() == 0  # other layers untouched
+    assert cache.layers[0].keys.abs().sum() == 0  # other layers untouched
     with pytest.raises(ValueError, match="KV cache overflow: position 7 > max_len 6"):
-        cache.update(1, 5, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
+        cache.layers[1].update(5, torch.randn(1, 2, 2, 4), torch.randn(1, 2, 2, 4))
 
 
 @pytest.mark.parametrize("kv_heads,exact,chapter", [("32", "2,147,483,648", 2.1), ("8", "536,870,912", 0.54),
@@ -123,7 +126,7 @@ def test_projection_counts(capsys):
     (LLAMA2_7B + ["--kv-heads", "0"], "--kv-heads=0 must be a positive integer"),
     (LLAMA2_7B + ["--kv-heads", "8", "--batch", "-1"], "--batch=-1 must be a positive integer"),
     (["--layers", "32", "--seq", "10"], "give --kv-heads, --head-dim (or --ckpt / --hf-config)"),
-    (["--layers", "many"], "argument --layers: invalid int value: 'many'"),
+    (["--layers", "many"], "argument --layers: 'many' is not an integer written in ASCII digits"),
     (["--new-tokens", "0"], "--new-tokens=0 must be a positive integer"),
     (["--hf-config", "/nonexistent/config.json"], "--hf-config /nonexistent/config.json: cannot read it"),
     (["--ckpt", "/nonexistent"], "--ckpt /nonexistent: no checkpoint at /nonexistent"),
@@ -151,3 +154,61 @@ def test_estimator_rejects_a_file_that_is_not_a_model_config(tmp_path):
     path.write_text("{oops")
     with pytest.raises(UsageError, match="not JSON"):
         estimate(["--hf-config", str(path)])
+
+
+def test_each_layer_builds_its_own_kind_of_cache_and_counts_its_bytes():
+    """A cache is its layers' caches, each built by its attention: an alternate window of 4 gives the local layers a
+    RollingCache of 4 slots and the global ones a FullCache, or a StreamingCache with sink tokens; MLA a FullCache of
+    one "head" of d_c + d_R key dims and 0 value dims. Each layer's nbytes is its attention's cache_bytes, and the
+    model's the sum, by hand in fp32."""
+    windowed = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                                       context_length=32, window=4, window_pattern="alternate"))
+    for sink_tokens, full_kind in ((None, FullCache), (2, StreamingCache)):
+        cache = windowed.new_kv_cache(3, 10, sink_tokens=sink_tokens)
+        assert [type(layer) for layer in cache.layers] == 2 * [RollingCache, full_kind]
+        assert [layer.keys.shape for layer in cache.layers] == 2 * [(3, 2, 4, 8), (3, 2, 10, 8)]
+        assert all(layer.max_len == cache.max_len == 10 for layer in cache.layers)
+        assert [layer.nbytes for layer in cache.layers] == [
+            block.attn.cache_bytes(windowed.cfg, i, 10, 3, 4) for i, block in enumerate(windowed.blocks)]
+        assert cache.nbytes == windowed.kv_cache_bytes(10, batch=3) == 2 * (4 + 10) * 2 * 8 * 2 * 3 * 4
+    latent = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=4,
+                                     context_length=32, kv_rank=12, rope_head_dim=4))
+    cache = latent.new_kv_cache(2, 10)
+    assert [(type(layer), layer.keys.shape, layer.values.shape) for layer in cache.layers] == 2 * [
+        (FullCache, (2, 1, 10, 16), (2, 1, 10, 0))]
+    assert cache.nbytes == latent.kv_cache_bytes(10, batch=2) == 2 * 16 * 10 * 2 * 4
+    # the estimators' description of each kind gives the same bytes per position and layer
+    assert Attention.PER_POSITION.elements(Attention.cache_dims(windowed.cfg)) == 2 * 2 * 8
+    assert LatentAttention.PER_POSITION.elements(LatentAttention.cache_dims(latent.cfg)) == 12 + 4
+
+
+def test_a_rolling_cache_keeps_the_last_window_positions():
+    """Window 3 of a cache of 8: positions written one at a time land in slot p mod 3, each step's keys are the
+    window (positions None: all visible); a chunk after them sees the held positions in order, then its own."""
+    cache = RollingCache(batch=1, heads=1, max_len=8, key_dim=1, value_dim=1, window=3)
+    for p in range(7):
+        keys, values, positions = cache.update(p, torch.full((1, 1, 1, 1), float(p)), torch.full((1, 1, 1, 1), -p))
+    assert positions is None and keys.flatten().tolist() == [6.0, 4.0, 5.0] and values.flatten().tolist() == [-6, -4, -5]
+    chunk = torch.tensor([7.0, 8.0]).view(1, 1, 2, 1)
+    keys, _, positions = cache.update(7, chunk, -chunk)
+    assert positions.tolist() == [4, 5, 6, 7, 8] and keys.flatten().tolist() == [4.0, 5.0, 6.0, 7.0, 8.0]
+    assert cache.keys.flatten().tolist() == [6.0, 7.0, 8.0]  # slots 0, 1, 2: positions 6, 7, 8
+
+
+def test_fill_from_copies_a_prefix_into_every_samples_rows_and_the_sinks_with_it():
+    """One prompt's cache (batch 2, 5 positions written) filled into a cache of 2 x 3 rows: rows 0-2 are its row 0,
+    rows 3-5 its row 1, the positions after the prompt empty; a streaming layer keeps the sinks' keys too, and a
+    rolling layer whose window the prompt filled is copied whole."""
+    torch.manual_seed(0)
+    k, v = torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4)
+    for make in (lambda batch: FullCache(batch, 2, 8, 4, 4), lambda batch: StreamingCache(batch, 2, 8, 4, 4, 2, None),
+                 lambda batch: RollingCache(batch, 2, 8, 4, 4, window=3)):
+        source, shared = make(2), make(6)
+        source.update(0, k, v)
+        shared.fill_from(source, repeats=3, length=5)
+        torch.testing.assert_close(shared.keys, source.keys.repeat_interleave(3, dim=0), rtol=0, atol=0)
+        torch.testing.assert_close(shared.values, source.values.repeat_interleave(3, dim=0), rtol=0, atol=0)
+        if isinstance(shared, StreamingCache):
+            torch.testing.assert_close(shared.sink_keys, k[:, :, :2].repeat_interleave(3, dim=0), rtol=0, atol=0)
+        if not isinstance(shared, RollingCache):
+            assert shared.keys[:, :, 5:].abs().sum() == 0

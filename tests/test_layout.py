@@ -1,7 +1,8 @@
 """The repo's layers, and the one direction its imports may run (function-level imports included, so none
 can hide an arrow). A module may import its own package and any layer below its own, never one above:
 
-    errors.py, cli.py, storage/files.py   import nothing of the repo but each other: every layer uses them
+    errors.py, parsing.py, cli.py,        import nothing of the repo but each other: every layer uses them
+    storage/files.py
     model/                                the architecture
     settings.py                           the schema of configs/ and the composition of a config
     data/                                 corpora, the tokenizer, the token caches
@@ -17,7 +18,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = {"errors", "cli", "storage.files"}
+BASE = {"errors", "parsing", "cli", "storage.files"}
 LAYERS = ["model", "settings", "data", "storage", "interop", ("training", "generation"), "insight"]
 
 

@@ -22,7 +22,7 @@ import generate
 from data_helpers import metrics, run_train, summary, train_in_process
 from errors import ConfigError
 from insight.lengths import position_nats, run_val_split, score
-from interop.hf_llama import hf_config
+from interop.hf import hf_config
 from interop.load import load_model
 from interop_helpers import VOCAB, llama_cfg, one_error_line, run_export
 from model.config import ModelConfig
@@ -300,6 +300,8 @@ def test_window_lengths_pairs_each_row_with_its_own_seed_at_the_trained_context(
                                                                         "[0, the cache's 32 positions)"),
     (["--lengths", "1"], "--lengths=1 must be >= 2"),
     (["--lengths", "32,x"], "--lengths=32,x must be integers"),
+    (["--lengths", "32,٣"], "--lengths=32,٣ must be integers"),
+    (["--lengths", "32,,64"], "--lengths=32,,64 must be integers"),
     (["--lengths", "32", "--rope-scaling", "yarn"], "--rope-scaling and --rope-factor go together"),
     (["--lengths", "32", "--rope-scaling", "yarn", "--rope-factor", "1"], "model.rope_factor=1.0 must be > 1"),
     (["--lengths", "32", "--stride", "40"], "--stride=40 is longer than the length 32"),

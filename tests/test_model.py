@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from pytest import approx
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from interop.hf_llama import hf_config, hf_state_dict
+from interop.hf import hf_config, hf_state_dict
 from errors import ConfigError
 from model import ModelConfig, Transformer
 from model.attention import Attention
@@ -168,8 +168,8 @@ def test_gqa_equals_mha_with_repeated_kv_heads(n_kv_heads, rope):
     d_model, n_heads, seq = 32, 4, 7
     head_dim, group = d_model // n_heads, n_heads // n_kv_heads
     rotary = Rotary(head_dim, max_len=seq) if rope else None
-    gqa = Attention(d_model, n_heads, n_kv_heads, bias=False, dropout=0.0, rotary=rotary, qk_norm=None, layer=0)
-    mha = Attention(d_model, n_heads, n_heads, bias=False, dropout=0.0, rotary=rotary, qk_norm=None, layer=0)
+    gqa = Attention(d_model, n_heads, n_kv_heads, bias=False, dropout=0.0, rotary=rotary, qk_norm=None)
+    mha = Attention(d_model, n_heads, n_heads, bias=False, dropout=0.0, rotary=rotary, qk_norm=None)
     wq, wk, wv = gqa.qkv.weight.split([n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim])
 
     def repeat_heads(w):  # K/V head j serves query heads j * group ... (j + 1) * group - 1

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
 import compare
-from data_helpers import ROOT, TRAIN, TRAIN_ENV, run_script, summary
+from data_helpers import ROOT, TRAIN, TRAIN_ENV, hashes, run_script, summary
 from settings import compose_config
 from training.multirun import RECORDS, run_job
 from training.run_lock import dir_lock, lock_holder
@@ -36,6 +36,16 @@ def multirun(workdir, tiny, *overrides, command=None) -> subprocess.CompletedPro
     return subprocess.run([*command, *args], cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(autouse=True)
+def no_process_outlives_the_test(descendants):
+    """Whatever a multirun starts (its jobs, a launcher's workers and their helpers) ends with it."""
+    before = set(descendants.seen)
+    yield
+    descendants.sample()
+    left = descendants.outliving(descendants.seen - before)
+    assert not left, f"processes this test started outlived it (killed now): {left}"
+
+
 # the tests that read the lr multirun share one process under pytest -n (--dist loadgroup), which runs it once
 LR_SWEEP = pytest.mark.xdist_group("lr_sweep")
 
@@ -53,6 +63,18 @@ def test_an_lr_multirun_keeps_every_run_in_a_dir_of_its_own(lr_sweep):
     assert runs == [f"{variant}/train.lr={lr},train.seed=0" for variant in ("baseline", "postnorm")
                     for lr in ("0.001", "0.01")]
     assert all(compare.load_run(lr_sweep / run).problem is None for run in runs)
+
+
+@LR_SWEEP
+def test_a_finished_multirun_run_again_leaves_every_job_as_it_is(lr_sweep, workdir, tiny):
+    """The basic launcher (the other launchers: the test below): each finished job says it is complete and writes
+    nothing, so compare.py reads the same records."""
+    jobs = compare.find_run_dirs(lr_sweep)
+    before = {job: hashes(job) for job in jobs}
+    again = multirun(workdir, tiny, "+experiment=ablation", "ablation=baseline,postnorm", "train.lr=1e-3,1e-2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {job: hashes(job) for job in jobs} == before
+    assert all(f"{job} is complete: 6 steps, ended by train.max_steps" in again.stderr for job in jobs)
 
 
 @LR_SWEEP
@@ -102,6 +124,12 @@ def test_a_launcher_keeps_every_job_and_a_failed_one_fails_the_multirun(workdir,
               for run in (sweep / "wandb").glob("offline-run-*")]
     assert sorted(run["summary"]["val_bpb"] for run in logged) == sorted(
         summary(sweep / f"train.lr={lr}")["val_bpb"] for lr in ("0.001", "0.002"))
+    # the same command again: the finished jobs' files stay byte for byte, the failed one runs (and fails) again
+    finished = {lr: hashes(sweep / f"train.lr={lr}") for lr in ("0.001", "0.002")}
+    again = multirun(sweep.parent, tiny, *launcher, "train.threads=1", "train.lr=1e-3,2e-3,-1", "wandb.mode=offline")
+    assert again.returncode == 1
+    assert again.stderr.strip().splitlines()[-1] == done.stderr.strip().splitlines()[-1]
+    assert {lr: hashes(sweep / f"train.lr={lr}") for lr in ("0.001", "0.002")} == finished
 
 
 def test_a_sweep_dir_in_use_by_another_multirun_is_one_line(workdir, tiny):
@@ -197,9 +225,11 @@ def test_a_killed_job_costs_itself_alone_and_a_signal_stops_every_job_once(workd
         assert resumed == [job for job in jobs if f"{job} (stopped by {name})" in ends]
 
 
-def test_a_launching_process_killed_outright_leaves_no_job_running(workdir, tiny):
+def test_a_launching_process_killed_outright_leaves_no_process_running(workdir, tiny, descendants):
     """kill -9 of the launching command (a closed terminal, an out-of-memory kill): its jobs get SIGTERM, save and
-    stop, whichever process ran them (joblib's workers here)."""
+    stop, whichever process ran them (joblib's workers here), and every process it started ends: loky's workers,
+    which would wait for more tasks, and loky's resource trackers."""
+    before = set(descendants.seen)
     sweep = workdir / "orphans" / "sweep"
     data = [o for o in tiny if o.startswith("data")]
     started = subprocess.Popen([*TRAIN, "-m", *data, *SWEEP_SETTINGS, "hydra/launcher=joblib",
@@ -209,6 +239,8 @@ def test_a_launching_process_killed_outright_leaves_no_job_running(workdir, tiny
     jobs = [sweep / f"train.seed={seed}" for seed in range(2)]
     try:
         wait_for(lambda: all((job / "metrics.jsonl").is_file() for job in jobs), "two jobs training", started)
+        descendants.sample()
+        workers = [line for line in descendants.running(descendants.seen - before) if "loky" in line]
         started.kill()
         started.wait()
         pids = [lock_holder(job / ".lock") for job in jobs]
@@ -220,6 +252,8 @@ def test_a_launching_process_killed_outright_leaves_no_job_running(workdir, tiny
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert not any(alive(pid) for pid in pids)
+    assert len(workers) >= 3, workers  # two workers and a resource tracker, seen while the jobs trained
+    assert descendants.outliving(descendants.seen - before) == []  # within processes.GRACE_S of the kill
     assert [summary(job)["stop_reason"] for job in jobs] == ["SIGTERM", "SIGTERM"]
     assert all((job / "ckpt" / "config.json").is_file() for job in jobs)
 

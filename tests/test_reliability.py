@@ -10,6 +10,7 @@ import os
 import resource
 import shutil
 import signal
+import sys
 import subprocess
 import threading
 import time
@@ -17,22 +18,19 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load, save
 
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import TRAIN, TRAIN_ENV, metrics, run_train as train, train_in_process
+from data_helpers import TRAIN, TRAIN_ENV, hashes, metrics, run_train as train, summary, train_in_process
 from interop.load import load_model
 from storage.checkpoint import CheckpointError, check_vocab, load_checkpoint, read_checkpoint, save_checkpoint
-from storage.files import write_bytes
+from storage.files import atomic_write, write_bytes, write_json
+from training.state import limits_reached
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def hashes(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def last_error(stderr: str) -> str:
@@ -314,6 +312,8 @@ def test_a_corpus_that_cannot_be_read_is_a_read_error_naming_data_path(tiny, wor
                                  "set train.micro_batch_size to one of 1, 2, 4, 8, or null to choose"),
     ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mla mqa"),
     ("train.max_steps=null", "train.max_steps=null needs a train.time_budget: a run must end by steps or by time"),
+    ("model.window_pattern='²:1'", "model.window_pattern='²:1' must be all, alternate or N:1"),  # isdigit, not int()
+    ("train.time_budget='٣m'", "train.time_budget='٣m' must be seconds (600) or a duration like 10m"),
 ])
 def test_a_mistyped_setting_is_one_line_before_anything_is_written(tiny, workdir, override, message, monkeypatch,
                                                                    capsys):
@@ -344,3 +344,62 @@ def test_a_progress_field_of_the_wrong_type_is_refused(copy, tiny):
     assert done.returncode == 2
     assert "train_state.pt has step='4' (str), which must be an integer" in last_error(done.stderr)
     assert hashes(ckpt) == before
+
+
+def test_a_finished_run_run_again_says_so_and_writes_nothing(copy, tiny):
+    """A complete record is final: the same run again (train.resume=true) exits 0 with one line naming it, and every
+    file of its dir stays as it was (summary.json kept its step, losses and throughput)."""
+    before = hashes(copy)
+    done = train(copy, *tiny, "train.max_steps=4", "train.resume=true")  # the command that trained it, resuming
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{copy} is complete: 4 steps, ended by train.max_steps; nothing to do (to train it further, raise "
+        f"train.max_steps or train.time_budget)")
+    assert hashes(copy) == before
+
+
+def test_a_run_resumed_to_a_larger_target_keeps_a_summary_of_every_field(copy, tiny):
+    fresh = summary(copy)
+    done = train(copy, *tiny, "train.resume=true", "train.max_steps=6")
+    assert done.returncode == 0, done.stderr[-2000:]
+    resumed = summary(copy)
+    assert {k: type(v) for k, v in resumed.items()} == {k: type(v) for k, v in fresh.items()}
+    assert (fresh["session_start_step"], resumed["session_start_step"], resumed["steps"]) == (0, 4, 6)
+    assert resumed["tokens_per_s"] > 0 and resumed["first_step_s"] > 0
+
+
+@pytest.mark.parametrize("now, ended, reached", [
+    (dict(max_steps=4), dict(steps=4, ended_by="max_steps"), True),
+    (dict(max_steps=6), dict(steps=4, ended_by="max_steps"), False),
+    (dict(max_steps=3), dict(steps=4, ended_by="max_steps"), True),
+    (dict(max_steps=None, time_budget="1m"), dict(steps=9, ended_by="time_budget", time_budget_s=60.0), True),
+    (dict(max_steps=None, time_budget="2m"), dict(steps=9, ended_by="time_budget", time_budget_s=60.0), False),
+    (dict(max_steps=50, time_budget="1m"), dict(steps=9, ended_by="time_budget", time_budget_s=60.0), True),
+    (dict(max_steps=9, time_budget="2m"), dict(steps=9, ended_by="time_budget", time_budget_s=60.0), True),
+], ids=["same-steps", "more-steps", "fewer-steps", "same-budget", "larger-budget", "more-steps-same-budget",
+        "larger-budget-steps-reached"])
+def test_a_completed_run_trains_on_only_past_a_raised_limit(now, ended, reached):
+    assert limits_reached(OmegaConf.create({"max_steps": None, "time_budget": None} | now), ended) is reached
+
+
+def test_a_temporary_file_of_a_killed_write_goes_with_the_next_write_of_that_file(tmp_path):
+    """kill -9 during a write leaves <name>.tmp-<pid>: the next write of that file removes it once its writer is
+    gone; a live writer's, and another file's, stay."""
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = [tmp_path / f"config.yaml.tmp-{dead.stdout.strip()}", tmp_path / f"summary.json.tmp-{dead.stdout.strip()}",
+            tmp_path / f"config.yaml.tmp-{os.getpid()}9"]  # the last: no such process either, but for another check
+    live = tmp_path / f"config.yaml.tmp-{os.getppid()}"  # a writer still running
+    for path in [*left, live]:
+        path.write_text("half")
+    atomic_write(tmp_path / "config.yaml", lambda f: f.write(b"whole"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["config.yaml", live.name, left[1].name])
+    write_json(tmp_path / "summary.json", {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", live.name, "summary.json"]
+
+
+def test_a_directory_as_data_path_is_named_a_directory(tiny, workdir, monkeypatch, capsys):
+    run_dir = workdir / "dir-as-data"
+    assert train_in_process(run_dir, [*tiny, f"data.path={workdir}"], monkeypatch) == 2
+    assert last_error(capsys.readouterr().err) == (f"error: data.path='{workdir}' is a directory; name its files, "
+                                                    f"e.g. data.path='{workdir}/*.txt'")
+    assert not run_dir.exists()

@@ -17,8 +17,8 @@ from filelock import FileLock
 
 import report
 from data.tokenizer import train_tokenizer
+from cache_formula import kv_cache_bytes
 from data_helpers import run_train, tiny_run, write_corpus
-from model.kv_cache import kv_cache_bytes
 from insight.attention import attention_inputs, attention_maps, cache_by_kv_heads, kv_wiring, layer_qk, logit_scale, qk_norm_bypassed
 from insight.blocks import HISTOGRAM_BINS, NEAR_ZERO, ffn_activations
 from insight.decode import decode_times

@@ -4,7 +4,7 @@ to a forward that computes the same attention from scratch, in float64; the sett
 import pytest
 import torch
 
-from generation.engine import Engine, SamplingError
+from generation.engine import Cached, Engine, SamplingError, Sliding, Streaming, Uncached
 from model import ModelConfig, Transformer
 from weights import far_from_init
 
@@ -103,7 +103,7 @@ def test_dynamic_ntk_slides_rather_than_streaming():
     engine = Engine(model)
     forwards = counting_forwards(model)
     list(engine.generate([[3, 1, 4]], 30, temperature=0))
-    assert not engine.streams(use_cache=True) and [n for n in forwards if n > 1] == [3, 8, 8]
+    assert engine.context_policy(True, 3, 30) is Sliding and [n for n in forwards if n > 1] == [3, 8, 8]
 
 
 def test_a_long_prompt_keeps_its_sink_tokens(capsys):
@@ -129,3 +129,84 @@ def test_a_long_prompt_keeps_its_sink_tokens(capsys):
 def test_bad_sink_tokens_are_refused(settings, sink_tokens, message):
     with pytest.raises(SamplingError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         Engine(model64(**settings), sink_tokens=sink_tokens)
+
+
+@pytest.mark.parametrize("settings, sink_tokens, use_cache, new_tokens, policy, name", [
+    (dict(), None, True, 10, Cached, "cached"),  # 5 + 10 - 1 positions fit in 16
+    (dict(), 2, True, 10, Cached, "cached"),  # sink tokens only matter past the context
+    (dict(), None, True, 30, Sliding, "sliding"),
+    (dict(), 2, True, 30, Streaming, "streaming (2 sink tokens)"),
+    (dict(window=4), None, True, 30, Streaming, "rolling"),
+    (dict(window=4, window_pattern="alternate"), None, True, 30, Sliding, "sliding"),  # a full layer: no rolling
+    (dict(window=4, rope_scaling="dynamic", rope_factor=2.0), None, True, 30, Sliding, "sliding"),
+    (dict(window=4, position="learned"), None, True, 30, Sliding, "sliding"),  # its table ends at the context
+    (dict(), None, False, 30, Uncached, "uncached"),
+])
+def test_the_context_policy_is_chosen_once_and_named_in_the_stats(settings, sink_tokens, use_cache, new_tokens,
+                                                                   policy, name):
+    """Engine.context_policy for a prompt of 5 and a context of 16, and the stats line that names what ran and the
+    positions its cache held; while the generation fits in the context (its first 12 new tokens), every step's logits
+    are those of recomputing the prefix without a cache, in float64 (the kernels sum in another order: ~1e-15)."""
+    model = model64(**settings)
+    engine = LogitsEngine(model, sink_tokens=sink_tokens)
+    assert engine.context_policy(use_cache, 5, new_tokens) is policy
+    ids = [int(step[0]) for step in engine.generate([[3, 1, 4, 1, 5]], new_tokens, temperature=0, use_cache=use_cache)]
+    cached = use_cache and policy is not Uncached
+    held = min(16, 5 + new_tokens - 1) if cached else 0
+    assert (engine.stats.policy, engine.stats.cache_positions) == (name, held)
+    assert f"context {name}, {held} positions cached | KV cache {engine.stats.cache_bytes:,} bytes" in str(engine.stats)
+    assert engine.stats.cache_bytes == (model.kv_cache_bytes(held, dtype=torch.float64) if cached else 0)
+    uncached = LogitsEngine(model)
+    recomputed = [int(step[0]) for step in uncached.generate([[3, 1, 4, 1, 5]], 12, temperature=0, use_cache=False)]
+    fits = min(12, new_tokens)
+    assert ids[:fits] == recomputed[:fits] and len(set(recomputed)) > 3
+    torch.testing.assert_close(torch.stack(engine.logits[:fits]), torch.stack(uncached.logits[:fits]),
+                               rtol=1e-10, atol=1e-10)
+
+
+class LogitsEngine(Engine):
+    """Keeps the logits each step samples from."""
+
+    def __init__(self, model: Transformer, **settings):
+        super().__init__(model, **settings)
+        self.logits = []
+
+    def _forward(self, tokens, start, cache, model=None):
+        logits = super()._forward(tokens, start, cache, model)
+        self.logits.append(logits[0].clone())
+        return logits
+
+
+def test_stream_refusals_come_from_the_kinds():
+    """Transformer.stream_refusal asks the positions (a table, a RoPE scaling), the attentions (MLA) and the layers
+    (every one local) in that order; with no sink tokens only what the positions refuse for the rolling caches:
+    dynamic NTK's changing frequencies, not YaRN's factor nor a learned table (whose end PositionsError says)."""
+    assert model64().stream_refusal(2) is None and model64().stream_refusal(None) is None
+    assert model64(position="none").stream_refusal(2) is None
+    assert model64(position="sinusoidal").stream_refusal(2).startswith("with model.position=sinusoidal: ")
+    assert model64(position="learned").stream_refusal(None) is None
+    assert model64(rope_scaling="yarn", rope_factor=2.0).stream_refusal(0) is None  # no sinks to turn on
+    assert model64(rope_scaling="yarn", rope_factor=2.0).stream_refusal(None) is None
+    assert model64(rope_scaling="dynamic", rope_factor=2.0).stream_refusal(None).startswith(
+        "with model.rope_scaling=dynamic: ")
+    assert model64(n_kv_heads=4, kv_rank=8).stream_refusal(2) == ("with attention=mla: its latent cache has no "
+                                                                  "streaming form here")
+    assert model64(n_kv_heads=4, kv_rank=8).stream_refusal(None) is None
+    assert model64(window=4, position="learned").stream_refusal(2).startswith("with model.position=learned")
+    assert model64(window=4).rolls(16) and not model64(window=4).rolls(4) and not model64().rolls(16)
+
+
+def test_evaluates_streaming_mode_asks_the_model_too():
+    """evaluate.py --mode streaming: a model with full layers needs sink tokens; an all-local one streams in its own
+    caches unless its positions refuse to run on (dynamic NTK), in one line each."""
+    from errors import UsageError
+    from evaluate import check_streaming
+    check_streaming(model64(window=4), None)
+    check_streaming(model64(), 2)
+    with pytest.raises(UsageError, match=r"^--mode streaming needs --sink-tokens \(0: the window alone\)"):
+        check_streaming(model64(), None)
+    with pytest.raises(UsageError, match="^--mode streaming with model.rope_scaling=dynamic: its frequencies change "
+                                         "with the sequence's length, which a stream does not have$"):
+        check_streaming(model64(window=4, rope_scaling="dynamic", rope_factor=2.0), None)
+    with pytest.raises(UsageError, match="^--sink-tokens=2 with attention=mla: its latent cache has no streaming form"):
+        check_streaming(model64(n_kv_heads=4, kv_rank=8), 2)

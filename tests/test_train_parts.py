@@ -323,7 +323,8 @@ def resumed(run: list[str], command_line: list[str]) -> tuple[dict, list[str]]:
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         HydraConfig.instance().set_config(compose("config", overrides=overrides, return_hydra_config=True))
         cfg = compose("config", overrides=overrides)
-        changed = settings_to_resume(cfg, saved, compose("config"), named_settings(overrides, settings_of(cfg)))
+        base = settings_of(cfg)
+        changed = settings_to_resume(cfg, saved, compose("config"), lambda: named_settings(overrides, base))
     return OmegaConf.to_container(cfg, resolve=True), changed
 
 

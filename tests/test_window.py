@@ -103,7 +103,7 @@ def test_cached_decoding_equals_recomputation_past_the_window(pattern, sinks, pr
         steps += [model(tokens[:, t:t + 1], t, cache) for t in range(prompt, 30)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
     local = [block.attn.window is not None for block in model.blocks]
-    assert [layer[0].shape[2] for layer in cache.layers] == [5 if is_local else 30 for is_local in local]
+    assert [layer.keys.shape[2] for layer in cache.layers] == [5 if is_local else 30 for is_local in local]
 
 
 def test_a_chunk_after_a_wrapped_window_sees_the_right_keys():

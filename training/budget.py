@@ -31,7 +31,9 @@ from errors import ConfigError
 SAMPLE_S_PER_TOKEN = 0.02  # a decode step, on the slow side, until a sample has been timed
 CKPT_BYTES_PER_S = 100e6  # written and hashed, on the slow side, until a checkpoint has been timed
 MAX_RESERVE_SHARE = 0.25  # the most of the budget the end's reserve may take from the steps
-DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?")
+# [0-9], not \d: re's \d and float() read any script's digits (parsing.py)
+NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+DURATION = re.compile(rf"(?:({NUMBER})h)?(?:({NUMBER})m)?(?:({NUMBER})s)?")
 
 
 def parse_duration(setting: str | None) -> float | None:
@@ -40,13 +42,13 @@ def parse_duration(setting: str | None) -> float | None:
     if setting is None:
         return None
     text = str(setting).strip().lower()
-    try:
+    if re.fullmatch(NUMBER, text):
         seconds = float(text)
-    except ValueError:
+    else:
         match = DURATION.fullmatch(text)
         if not text or match is None:
             raise ConfigError(f"train.time_budget={setting!r} must be seconds (600) or a duration like "
-                              f"10m, 1h30m, 2m30s") from None
+                              f"10m, 1h30m, 2m30s")
         hours, minutes, secs = (float(part or 0) for part in match.groups())
         seconds = 3600 * hours + 60 * minutes + secs
     if not 0 < seconds < float("inf"):

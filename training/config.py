@@ -11,9 +11,10 @@ and each process runs that many forward/backward passes of micro_batch_size sequ
 train.micro_batch_size=null (the default) picks the largest divisor of batch_size / world_size that is
 at most MAX_MICRO_BATCH sequences, so any batch size trains.
 """
+import functools
 import math
-import os
 import re
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
@@ -137,18 +139,17 @@ RESUME_MAY_CHANGE = frozenset({
     "train.threads", "train.reference_tokens_per_s", "latest_link"})
 
 
-def resume_settings(cfg: DictConfig, run_dir: Path) -> None:
+def resume_settings(cfg: DictConfig, run_dir: Path) -> list[str]:
     """train.resume=true: cfg becomes the run's own settings, with what the command line may change of them
-    (settings_to_resume) named on one notice line. A run dir without a config.yaml holds no run to resume: the
-    checkpoint's check (training/state.py) then says what is missing."""
+    (settings_to_resume), which it returns as `key=new (was old)`. A run dir without a config.yaml holds no run to
+    resume: the checkpoint's check (training/state.py) then says what is missing."""
     config_file = run_dir / "config.yaml"
     if not config_file.exists():
-        return
+        return []
     overrides = list(HydraConfig.get().overrides.task)
-    named = named_settings(overrides, settings_of(cfg))
-    changed = settings_to_resume(cfg, OmegaConf.load(config_file), compose("config"), named)
-    if changed and int(os.environ.get("RANK", 0)) == 0:
-        print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
+    base = settings_of(cfg)
+    return settings_to_resume(cfg, OmegaConf.load(config_file), compose("config"),
+                              lambda: named_settings(overrides, base))
 
 
 # What a run started from another run's weights (train.init_from) sets for itself (its command line's, else the
@@ -199,24 +200,34 @@ def named_settings(overrides: list[str], base: dict) -> set[str]:
         if not options:
             named.add(override.key_or_group)
         for option in options:
-            other = settings_of(compose("config", overrides=[*overrides[:i], f"{override.get_key_element()}={option}",
-                                                              *overrides[i + 1:]]))
+            try:
+                other = settings_of(compose("config", overrides=[
+                    *overrides[:i], f"{override.get_key_element()}={option}", *overrides[i + 1:]]))
+            except ConfigCompositionException:  # an option the rest cannot go with (+experiment=quick, ablation=X)
+                continue
             named |= {key for key in base.keys() | other.keys() if base.get(key) != other.get(key)}
     return named
 
 
-def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig, named: set[str]) -> list[str]:
+def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
+                       named_on_command_line: Callable[[], set[str]]) -> list[str]:
     """A resumed run is the run it continues: cfg (the command line's composition) takes the run's own settings
-    (`saved`, its config.yaml) in place. A setting the command line changes (a key `named` on it, or one that a
+    (`saved`, its config.yaml) in place. A setting the command line changes (a key it names, or one that a
     group option or preset moved from `defaults`) stays where RESUME_MAY_CHANGE allows it, returned as
     `key=new (was old)` for the notice line, and is a ConfigError elsewhere. wandb.* (how the run is logged) is
     the command line's where it sets one. Settings newer than the run (absent from its config.yaml) keep the
-    command line's."""
+    command line's. named_on_command_line (named_settings, a composition per option of each group named) is
+    called only where a setting differs from the run's: the same command again composes nothing more."""
     now, before, default = settings_of(cfg), settings_of(saved), settings_of(defaults)
     # a setting that follows another (train.lr_decay_steps: ${train.max_steps}) is named when the other is
     follows = {key: match[1] for key, value in flatten(OmegaConf.to_container(cfg)).items()
                if isinstance(value, str) and (match := re.fullmatch(r"\$\{([\w.]+)\}", value))}
-    named = named | {key for key, source in follows.items() if source in named}
+
+    @functools.cache
+    def named() -> set[str]:
+        keys = named_on_command_line()
+        return keys | {key for key, source in follows.items() if source in keys}
+
     changed = []
     # what the checkpoint is (model.*, data.*) is checked first: a preset names the train.* it sets too, and a
     # refused `model=X` should say that the model differs
@@ -230,7 +241,7 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
         if key == "train.init_from":  # the weights the run started from (resolved); a resume reads its checkpoint
             OmegaConf.update(cfg, key, before[key], merge=False)
             continue
-        if key not in named and value == default.get(key):
+        if value == default.get(key) and key not in named():
             OmegaConf.update(cfg, key, before[key], merge=False)
         elif key in RESUME_MAY_CHANGE:
             changed.append(f"{key}={value} (was {before[key]})")

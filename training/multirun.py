@@ -26,7 +26,11 @@ what Hydra hands each job, never from the launching process's memory or its sys.
   their own, so a terminal's Ctrl-C reaches them only this way, once; one whose starter dies (the launching
   process killed with SIGKILL) gets SIGTERM, so no job outlives the command that started it.
 - The same command again continues the multirun: train.resume=null, the default, is `auto` for a job
-  (resume where its dir holds a checkpoint, start where none is).
+  (resume where its dir holds a checkpoint, start where none is); a job that had finished says so and writes
+  nothing (training/state.py's completed_line), so its files stay byte for byte.
+- No process outlives the command: a job's training process dies with its starter (the kernel's parent-death
+  signal), and a worker that runs starters for the launching process (joblib's loky workers, a submitit job's
+  process) ends once that process is gone and its job has saved (exit_when_orphaned).
 - The launching process holds <sweep dir>/.multirun/lock for the whole multirun: a second multirun into the
   same sweep dir is one `error:` line, exit 2. The jobs leave latest_link where it was.
 """
@@ -122,22 +126,49 @@ def run_job(cfg: DictConfig, run: Callable[[DictConfig], int]) -> int | None:
     if not launching:  # a worker: a terminal's Ctrl-C is the launching process's to pass on; a scheduler's TERM ours
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, lambda signum, frame: own_signal.append(signal.SIGTERM))
+        exit_when_orphaned(parent)
     import torch._dynamo  # noqa: F401  what torch's optimizers import when the first is made (~1 s): once, here
     sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
     forking = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os._exit(run_forked(cfg, hydra, run, forking))
-    passed = False
-    while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
-        orphaned = not launching and os.getppid() != parent  # the launching process died: no job outlives it
-        stop = stop_signal(records) or ((own_signal or orphaned) and signal.SIGTERM)
-        # once the run holds its dir it stops at a step, saving; before, a signal could land before its handler
-        if stop and not passed and lock_holder(Path(hydra.runtime.output_dir) / ".lock") == pid:
-            os.kill(pid, stop)
-            passed = True
-        time.sleep(POLL_S)
-    return os.waitstatus_to_exitcode(ended[1])
+    with _job_running:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(run_forked(cfg, hydra, run, forking))
+        passed = False
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
+            orphaned = not launching and os.getppid() != parent  # the launching process died: no job outlives it
+            stop = stop_signal(records) or ((own_signal or orphaned) and signal.SIGTERM)
+            # once the run holds its dir it stops at a step, saving; before, a signal could land before its handler
+            if stop and not passed and lock_holder(Path(hydra.runtime.output_dir) / ".lock") == pid:
+                os.kill(pid, stop)
+                passed = True
+            time.sleep(POLL_S)
+        return os.waitstatus_to_exitcode(ended[1])
+
+
+_job_running = threading.Lock()  # held by a job's starter while its training process runs
+_watching = []  # the worker's watchdog, started with its first job
+
+
+def exit_when_orphaned(parent: int) -> None:
+    """In a worker that runs jobs for the launching process (joblib's loky workers, a submitit job's process): a
+    watchdog thread that ends this process once the launching process is gone, after the job it runs (if any) has
+    saved and stopped. Loky keeps its workers alive for the next tasks and makes them ignore SIGTERM, and loky's
+    own timeout would leave them for minutes; the kernel's parent-death signal (prctl) cannot be set for them here
+    (they exist before the first job) and would fire when the thread that spawned them ends, not the process.
+    A worker's end closes its end of loky's resource tracker's pipe, which then ends too."""
+    if _watching:
+        return
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(POLL_S)
+        with _job_running:  # the job's starter passes SIGTERM on and waits for its run to save and end
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(128 + signal.SIGTERM)
+
+    _watching.append(threading.Thread(target=watch, name="exit-when-orphaned", daemon=True))
+    _watching[0].start()
 
 
 def run_forked(cfg: DictConfig, hydra: DictConfig, run: Callable[[DictConfig], int], forking: int) -> int:

@@ -9,8 +9,10 @@ from a generator seeded by (train.seed, rank, step) (step_generator below), so t
 the scheduler state and the data position. The torch RNG states cover dropout. Everything in the file is
 tensors and plain Python values, read back with torch.load(weights_only=True): no pickle.
 """
+import copy
 import io
 import math
+import os
 import re
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -24,7 +26,9 @@ from errors import ConfigError
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError, read_checkpoint, resolve_ckpt_dir, run_dir_of, save_checkpoint
 from storage.files import write_bytes
+from training.budget import parse_duration
 from training.config import init_settings, resume_settings
+from training.tracking import read_summary
 
 STATE_FILE = "train_state.pt"
 
@@ -60,6 +64,31 @@ def wants_resume(resume: bool | str | None, run_dir: Path) -> bool:
     if resume not in (True, False, None):
         raise ConfigError(f"train.resume={resume} must be true, false or auto")
     return bool(resume)
+
+
+def completed_line(cfg: DictConfig, run_dir: Path) -> str | None:
+    """train.resume on a run whose last session completed (summary.json's stop_reason) and whose limits, with what
+    this command line changes of them, it has reached: the line that says so, for a command that then writes
+    nothing (a complete record is final: a rerun of a finished multirun leaves its jobs' files as they are). None
+    where there is training left to do, or no complete run."""
+    summary = read_summary(run_dir)
+    if summary.get("stop_reason") != "completed" or not wants_resume("auto", run_dir):
+        return None
+    settings = copy.deepcopy(cfg)
+    resume_settings(settings, run_dir)
+    if not limits_reached(settings.train, summary):
+        return None
+    return (f"{run_dir} is complete: {summary['steps']:,} steps, ended by train.{summary['ended_by']}; nothing to do "
+            f"(to train it further, raise train.max_steps or train.time_budget)")
+
+
+def limits_reached(train: DictConfig, summary: dict) -> bool:
+    """Whether a completed run (its summary) has reached train.max_steps or train.time_budget as set now: a larger
+    one of the limit that ended it trains on."""
+    if train.max_steps is not None and summary["steps"] >= train.max_steps:
+        return True
+    budget = parse_duration(train.time_budget)
+    return budget is not None and summary["ended_by"] == "time_budget" and budget <= summary["time_budget_s"]
 
 
 def checkpoint_to_resume(run_dir: Path, resume: bool) -> Path | None:
@@ -137,7 +166,9 @@ def run_start(cfg: DictConfig, run_dir: Path) -> Start:
     does: to this very run once it starts)."""
     resume_from = checkpoint_to_resume(run_dir, cfg.train.resume)
     if resume_from is not None:
-        resume_settings(cfg, run_dir)
+        changed = resume_settings(cfg, run_dir)
+        if changed and int(os.environ.get("RANK", 0)) == 0:
+            print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
         return Start(resume_from=resume_from)
     if not cfg.train.init_from:
         return Start()

@@ -3,7 +3,8 @@ samples go to the screen too, and its last line says how the run ended).
 
     run_dir/metrics.jsonl   one JSON object per logged step, appended and flushed line by line
     run_dir/summary.json    num_params, kv_cache_bytes_per_token, vocab_size, name from the start;
-                            the final metrics and stop_reason added at the end
+                            the final metrics and stop_reason added at the end; tokens_per_s and first_step_s
+                            are the last session's, which started at session_start_step (0 unless resumed)
     run_dir/config.yaml     the resolved settings, written whole or not at all (what a resume takes its settings from)
     run_dir/wandb/          the W&B run (offline runs: wandb/offline-run-*, for `wandb sync`), or under wandb.dir
 
@@ -27,6 +28,7 @@ from storage.files import atomic_symlink, atomic_write, write_json, writing
 from training.budget import overrun_reason
 
 WANDB_MODES = ("online", "offline", "disabled")
+SESSION_KEYS = ("tokens_per_s", "first_step_s", "session_start_step")  # summary.json's figures of the last session
 
 
 def wandb_mode(setting: str | None) -> str:
@@ -60,19 +62,30 @@ def default_run_name(choices: dict) -> str:
     return "-".join([choices.get("experiment") or preset, *switched])
 
 
-def keep_metrics_up_to(path: Path, step: int) -> None:
+def keep_metrics_up_to(path: Path, step: int) -> dict:
     """On resume: drop the lines logged after the checkpoint's step (and a half-written last line),
-    since the resumed run logs those steps again."""
+    since the resumed run logs those steps again. Returns the last line kept ({} where none is)."""
     if not path.exists():
-        return
-    kept = []
+        return {}
+    kept, last = [], {}
     for line in path.read_text().splitlines():
         try:
-            if json.loads(line)["step"] <= step:
+            if (record := json.loads(line))["step"] <= step:
                 kept.append(line + "\n")
+                last = record
         except (json.JSONDecodeError, KeyError, TypeError):
             break
     atomic_write(path, lambda f: f.write("".join(kept).encode()))
+    return last
+
+
+def read_summary(run_dir: Path) -> dict:
+    """A run dir's summary.json, {} where it has none that reads as one."""
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progress, resumed: bool, model,
@@ -105,6 +118,7 @@ class Throughput:
 
     def __init__(self, tokens_per_step: int, bar: tqdm):
         self.tokens_per_step, self.bar = tokens_per_step, bar
+        self.start_step = bar.n  # where this session's steps start: a resumed run's bar starts at its checkpoint
         self.steps, self.seconds = 0, 0.0
         self.window_steps, self.window_seconds = 0, 0.0
         self.first_step_s = None
@@ -127,7 +141,10 @@ class Throughput:
         return self.steps * self.tokens_per_step / self.seconds if self.seconds else None
 
     def summary(self) -> dict:
-        return {"tokens_per_s": self.session_rate, "first_step_s": self.first_step_s}
+        """The session's rate and first step, from session_start_step on: the figures of a resumed run's last
+        session, which a session that trained no step leaves as the one before it measured them."""
+        return {"tokens_per_s": self.session_rate, "first_step_s": self.first_step_s,
+                "session_start_step": self.start_step}
 
 
 def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per_s: float | None) -> str:
@@ -150,11 +167,13 @@ class Tracker:
                  wandb_id: str, summary: dict, resume_step: int | None):
         self.run_dir, self.name, self.summary = run_dir, name, summary
         self.reference_tokens_per_s = cfg.train.reference_tokens_per_s
-        self.last_record = {}  # the latest metrics line, the base of the final summary
+        # a resumed run's last session's throughput, kept where this session trains no step
+        before = read_summary(run_dir) if resume_step is not None else {}
+        self.session_before = {key: before[key] for key in SESSION_KEYS if before.get(key) is not None}
         write_json(run_dir / "summary.json", summary)
         metrics = run_dir / "metrics.jsonl"
-        if resume_step is not None:
-            keep_metrics_up_to(metrics, resume_step)
+        # the latest metrics line, the base of the final summary: a resumed run's last kept one until it logs
+        self.last_record = keep_metrics_up_to(metrics, resume_step) if resume_step is not None else {}
         self.metrics = open(metrics, "a" if resume_step is not None else "w")
         self.wandb_run = None
         if mode != "disabled":
@@ -190,7 +209,8 @@ class Tracker:
         horizon's summary, why the run stopped), then the run's last line: why it stopped early, or what it did,
         below the progress bar, closed first so that it is not redrawn under the line."""
         meter.bar.close()
-        final = {**self.last_record, **progress.last_val, "best_val_loss": progress.best_val_loss, **meter.summary(),
+        session = meter.summary() if meter.steps else meter.summary() | self.session_before
+        final = {**self.last_record, **progress.last_val, "best_val_loss": progress.best_val_loss, **session,
                  "tokens": progress.tokens, "elapsed_s": progress.elapsed_s, "setup_s": setup_s, **horizon,
                  "stop_reason": stop_reason}
         self.summary.update(final)
