@@ -39,8 +39,8 @@ from model.transformer import Transformer
 from settings import check_command_line
 from training.config import autocast_for, check_train_config, eval_window_count, model_config, resolve_device
 from training.diagnostics import layer_stats
-from training.distributed import (data_parallel, from_master, master_first, mean_over_processes, setup_distributed,
-                                  summed_over_processes, syncing, teardown_distributed, world_size)
+from training.distributed import (data_parallel, from_master, master_first, setup_distributed, summed_over_processes,
+                                  teardown_distributed, world_size)
 from training.endings import RunEnded, process_lost, stop_if_diverged, stop_if_signalled
 from training.evaluate import evaluate, next_token_loss
 from training.horizon import Clock, Horizon
@@ -49,6 +49,7 @@ from training.optim import make_optimizer, set_lr
 from training.run_lock import run_dir_lock
 from training.signals import StopRequest
 from training.state import RunCheckpoint, completed_line, run_start, step_generator, wants_resume
+from training.step import accumulate_gradients
 from training.tracking import Throughput, default_run_name, start_tracking, wandb_mode
 
 
@@ -133,26 +134,16 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
             started = progress.elapsed_s = clock()  # once a step: the previous one's eval, sample and checkpoint count
             stop_if_signalled(ddp, stop.signum, progress.step, run_dir)
             generator = step_generator(tcfg.seed, ddp.rank, progress.step)
-            loss_sum, balance_sums = torch.zeros((), device=ddp.device), {}
-            for micro in range(accum_steps):
-                x, y = get_batch(data.train, micro_batch, T, generator, ddp.device)
-                with syncing(ddp, model, last_micro_batch=micro == accum_steps - 1):
-                    with autocast:
-                        loss = loss_of(model, x, y)  # the language model's: train_loss and val bpb are its alone
-                        terms = raw_model.balance_terms()  # an MoE's routers' balance terms ({} if dense)
-                    ((loss + raw_model.balance_loss(terms)) / accum_steps).backward()
-                loss_sum += loss.detach()
-                for term, value in terms.items():  # each logged apart: router_aux, router_z
-                    balance_sums[f"router_{term}"] = balance_sums.get(f"router_{term}", 0) + value.detach()
-            train_loss = mean_over_processes(ddp, loss_sum / accum_steps)
-            balance_terms = {k: mean_over_processes(ddp, v / accum_steps) for k, v in balance_sums.items()}
+            batches = (get_batch(data.train, micro_batch, T, generator, ddp.device) for _ in range(accum_steps))
+            train_loss, aux_losses = accumulate_gradients(model, raw_model, loss_of, batches, accum_steps, ddp,
+                                                          autocast)
             # by rank 0's clock, so that every process takes the same lr and stops at the same step
             lr, last = from_master(ddp, horizon.plan(progress.step, started, clock() - started, tcfg))
             set_lr(optimizer, lr)
             grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), tcfg.grad_clip or math.inf).item()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            raw_model.update_router_biases(lambda counts: summed_over_processes(ddp, counts))  # loss-free balance
+            raw_model.after_optimizer_step(lambda counts: summed_over_processes(ddp, counts))  # e.g. an MoE's bias
             stop_if_diverged(train_loss, grad_norm, raw_model, progress.step + 1, tcfg.lr, checkpoint)
             step_s = clock() - started
             progress.advance(tcfg.batch_size * T, elapsed_s=started + step_s)
@@ -167,7 +158,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
                     tracker.show_eval(progress.step, progress.record_eval(val))
                 if val or last or progress.step % tcfg.log_interval == 0:
                     tracker.log({"step": progress.step, "tokens": progress.tokens, "train_loss": train_loss, "lr": lr,
-                                 "grad_norm": grad_norm, **balance_terms, "tokens_per_s": meter.window_rate(),
+                                 "grad_norm": grad_norm, **aux_losses, "tokens_per_s": meter.window_rate(),
                                  "elapsed_s": progress.elapsed_s, **val, **horizon.budget_fraction(progress.elapsed_s)})
                 if progress.step % tcfg.sample_interval == 0 or last:
                     with horizon.timed("sample"):

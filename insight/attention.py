@@ -16,12 +16,11 @@ The logits' scale, what QK-norm (model/qk_norm.py) does to it, on windows of tok
                     changing their norms
 """
 import copy
-import math
 from contextlib import contextmanager
 
 import torch
 
-from model.attention import Attention, attention_scores, attention_weights
+from model.attention import Attention, attention_scores
 from model.block import attention_class
 from model.config import ModelConfig, attention_kind
 from model.kv_cache import positions_held
@@ -52,10 +51,10 @@ def layer_qk(model: Transformer, tokens: torch.Tensor, start: int = 0) -> list[t
 
 def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:
     """tokens [1, T] -> weights [layer][head][T][T] and entropy [layer][head]."""
-    attns = [block.attn for block in model.blocks]
-    windows = [attn.window for attn in attns]
-    weights = [attention_weights(q, k, attn.window, attn.sinks)[0]
-               for (q, k), attn in zip(layer_qk(model, tokens), attns)]
+    windows = [block.attn.window for block in model.blocks]
+    with torch.no_grad():
+        weights = [block.attn.weights(x, start)[0]
+                   for block, (x, start) in zip(model.blocks, attention_inputs(model, tokens))]
     return {"weights": [w.tolist() for w in weights],
             "entropy": [normalised_entropy(w, window).mean(dim=-1).tolist() for w, window in zip(weights, windows)]}
 
@@ -131,16 +130,14 @@ def max_causal_logit(q: torch.Tensor, k: torch.Tensor) -> float:
 
 def logit_bound(model: Transformer) -> list[float] | None:
     """Per layer sqrt(D) max|g_q| max|g_k|, the largest |q . k| / sqrt(D) QK-norm allows; None without QK-norm."""
-    if model.cfg.qk_norm == "none":
-        return None
-    return [math.sqrt(model.cfg.head_dim) * block.attn.qk_norm.q_norm.weight.abs().max().item()
-            * block.attn.qk_norm.k_norm.weight.abs().max().item() for block in model.blocks]
+    bounds = [block.attn.logit_bound() for block in model.blocks]
+    return None if None in bounds else bounds
 
 
 def logit_scale(model: Transformer, windows: torch.Tensor, batch_size: int = 8) -> dict:
     """windows [N, T] of tokens, each read from position 0 -> per layer the max |q . k| / sqrt(D) as trained and,
     with QK-norm, with the norm bypassed, and the bound; without QK-norm there is no norm to bypass (None)."""
-    normalised = model.cfg.qk_norm != "none"
+    normalised = logit_bound(model) is not None
     as_trained = [0.0] * len(model.blocks)
     bypassed = [0.0] * len(model.blocks) if normalised else None
     for batch in windows.split(batch_size):

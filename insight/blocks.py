@@ -4,8 +4,8 @@ The stream: training/diagnostics.py's layer_stats (its formulas are there) with 
 its next tokens as the targets: per block the stream's rms, each branch's rms over the stream's, the mean
 cosine between positions and the gradient norm of the block's weights for that one batch's loss.
 
-The FFN: the activation of each block's hidden units, read by a forward hook at the input projection's output
-and put through the block's own activation function:
+The FFN: the activation of each block's hidden units, as its FFN gives them (hidden_activations) for the input a
+forward hook reads:
     SwiGLU: silu(x W1), the gate (before it multiplies x W3)      ReLU / GELU: relu(x W1) / gelu(x W1)
     ReLU²: relu(x W1)², what W2 reads
     MoE: silu(x W1_e), each expert's gate on the tokens its block's router sends it (a dense first block: SwiGLU's)
@@ -15,9 +15,7 @@ its bins (ReLU²'s right tail, the squares of the largest inputs, reaches far pa
 in `beyond`, with `range` the smallest and largest activation, so the figure can say how far the axis cuts.
 """
 import torch
-import torch.nn.functional as F
 
-from model.moe import MoE
 from model.transformer import Transformer
 from training.diagnostics import layer_stats
 
@@ -41,22 +39,10 @@ def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
     share beyond them, the smallest and largest activation)."""
     found = []
 
-    def keep(ffn):
-        def hook(_w_in, _inputs, output):
-            found.append(ffn.activation(output.chunk(2, dim=-1)[0] if ffn.gated else output).flatten())
-        return hook
+    def keep(ffn, inputs, _output):  # the inputs of the forward that just ran (an MoE's router's picks too)
+        found.append(ffn.hidden_activations(inputs[0]))
 
-    def keep_experts(moe: MoE):
-        def hook(_moe, inputs, _output):
-            x = inputs[0].reshape(-1, inputs[0].shape[-1])
-            chosen = moe.last["chosen"]  # the router's picks of the forward that just ran
-            w1 = moe.experts_in.weight.view(moe.n_experts, 2, moe.expert_d_ff, -1)[:, 0]
-            found.append(torch.cat([F.silu(x[(chosen == e).any(dim=-1)] @ w1[e].T).flatten()
-                                    for e in range(moe.n_experts)]))
-        return hook
-
-    hooks = [block.ffn.register_forward_hook(keep_experts(block.ffn)) if isinstance(block.ffn, MoE)
-             else block.ffn.w_in.register_forward_hook(keep(block.ffn)) for block in model.blocks]
+    hooks = [block.ffn.register_forward_hook(keep) for block in model.blocks]
     try:
         with torch.no_grad():
             model(tokens)

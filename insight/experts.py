@@ -6,7 +6,7 @@ which tokens each expert takes.
     top_tokens[b][e] = the TOP_TOKENS tokens expert e is chosen for most often in block b, each with its count and
                        the share of that token's occurrences that chose e (1: every time; k/E by chance)
 
-The choices are each MoE block's own, as its forward keeps them (model/moe.py's `last`).
+The choices are each MoE block's own, as its forward keeps them (model/moe.py's MoE.last_routing).
 """
 import torch
 
@@ -28,9 +28,10 @@ def routing(model: Transformer, tokens: torch.Tensor, pieces: list[str]) -> dict
     occurrences = ids.bincount(minlength=vocab)
     blocks = []
     for block, moe in layers.items():
-        picks, load = moe.last["chosen"], moe.last["load"]  # each block's own router's, from that forward
+        last = moe.last_routing()  # each block's own router's, from that forward
+        picks, load = last["chosen"], last["load"]
         experts = []
-        for e in range(moe.n_experts):
+        for e in range(len(load)):
             counts = ids[(picks == e).any(dim=-1)].bincount(minlength=vocab)  # each token picks an expert once
             top = counts.topk(min(TOP_TOKENS, int((counts > 0).sum()))).indices.tolist()
             experts.append([{"token": pieces[t], "count": int(counts[t]), "share": counts[t].item() / occurrences[t].item()}

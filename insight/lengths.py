@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from data import prepare_data
 from data.batches import eval_batches, windows_at
 from errors import UsageError
+from model.positions import position_limit
 from model.transformer import Transformer
 from storage.checkpoint import run_dir_of
 
@@ -143,8 +144,9 @@ def past_context(model: Transformer, stream: np.ndarray, bytes_per_token: float)
     its own context only), on the val split's first REPORT_TOKENS tokens."""
     cfg = model.cfg
     stream = stream[:REPORT_TOKENS]
-    multiples = REPORT_MULTIPLES[:1] if cfg.position == "learned" else REPORT_MULTIPLES
-    lengths = [k * cfg.context_length for k in multiples if k * cfg.context_length < len(stream)]
+    limit = position_limit(cfg)  # a learned table's, which reads no position past its own context
+    lengths = [n for n in (k * cfg.context_length for k in REPORT_MULTIPLES)
+               if n < len(stream) and (limit is None or n <= limit)]
     return {"context_length": cfg.context_length, "original_context": cfg.original_context, "position": cfg.position,
             "rope_scaling": cfg.rope_scaling, "rope_factor": cfg.rope_factor, "val_tokens": len(stream),
             "results": [score(model, stream, n, "chunked", n, max(1, cfg.original_context // 4), bytes_per_token)

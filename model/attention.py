@@ -33,13 +33,57 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
+from errors import ConfigError
 from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
 from model.positions import Rotary
 from model.qk_norm import QKNorm
+from parsing import whole_number
+
+
+WINDOW_PATTERNS = "all, alternate or N:1 (N local layers to one global, e.g. 5:1)"  # model.window_pattern's forms
+
+
+def local_run_of(pattern) -> int | None:
+    """N of an N:1 pattern (N >= 1, in ASCII digits: parsing.py), else None."""
+    local, _, rest = pattern.partition(":") if isinstance(pattern, str) else ("", "", "")
+    run = whole_number(local)
+    return run if run is not None and run >= 1 and rest == "1" else None
 
 
 class Attention(nn.Module):
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """The rules of its own settings, the window's and the sinks' (model.window, window_pattern, sinks): a
+        ConfigError naming the first one broken."""
+        window, pattern = cfg.window, cfg.window_pattern
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
+                                   or not 1 <= window < cfg.context_length):
+            raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
+                              f"{cfg.context_length}), or null for full attention")
+        if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
+            raise ConfigError(f"model.window_pattern={pattern!r} must be {WINDOW_PATTERNS}")
+        if window is None and pattern != "all":
+            raise ConfigError(f"model.window_pattern={pattern} says which layers are local, but model.window=null "
+                              f"makes none; set model.window")
+        if not isinstance(cfg.sinks, bool):
+            raise ConfigError(f"model.sinks={cfg.sinks!r} must be true or false")
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """Another attention is chosen: it checks this one's settings (the window's) itself (model/mla.py)."""
+
+    @classmethod
+    def rope_dim(cls, cfg) -> int:
+        """The dims of each head RoPE rotates: all of them."""
+        return cfg.head_dim
+
+    @classmethod
+    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "Attention":
+        """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm and sinks."""
+        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
+        return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
+                   cfg.layer_windows[layer], cfg.sinks)
+
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
                  rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False):
         super().__init__()
@@ -56,6 +100,29 @@ class Attention(nn.Module):
         self.qk_norm = qk_norm
         self.rotary = rotary
         self.dropout = dropout
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
+        return [self.out.weight]
+
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token of block `layer`'s attention in a causal sequence of seq_len tokens (2 per
+        multiply-add): the projections 2 d (H + 2 H_kv) D + 2 H D d, and q k^T and the weights times v, 2 H D each per
+        key seen, over mean_keys_seen's span (the window's in a local layer). The sink logit multiplies nothing."""
+        H, D, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        span = mean_keys_seen(seq_len, cfg.layer_windows[layer])
+        return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + 2 * 2 * H * D * span
+
+    def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The attention weights forward applies to v, for what looks inside the model (insight/): [B, H, T, T] over
+        x's own T positions (attention_weights: the window's band, the rows short of 1 by the sink's share)."""
+        q, k, _ = self.heads(x, start)
+        return attention_weights(q, k, self.window, self.sinks)
+
+    def logit_bound(self) -> float | None:
+        """The largest |q . k| / sqrt(D) its QK-norm lets through (QKNorm.logit_bound); None without QK-norm."""
+        return None if self.qk_norm is None else self.qk_norm.logit_bound()
 
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm, then rotated with RoPE."""
@@ -94,12 +161,12 @@ class Attention(nn.Module):
         terms=((2, ("kv_heads", "head_dim")),), text="2 (K, V) x {kv_heads} KV heads x {head_dim} head dim")
 
     @staticmethod
-    def cache_dims(cfg: ModelConfig) -> dict[str, int]:
+    def cache_dims(cfg) -> dict[str, int]:
         """The widths PER_POSITION reads, of a model of these settings."""
         return {"kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}
 
     @classmethod
-    def cache_bytes(cls, cfg: ModelConfig, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
+    def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
         """What new_cache allocates for `positions` in block `layer`: a local one holds min(window, positions)."""
         held = min(cfg.layer_windows[layer] or positions, positions)
         return held * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
@@ -120,7 +187,7 @@ class Attention(nn.Module):
         return self.window is not None and self.window < max_len
 
     @staticmethod
-    def stream_refusal(cfg: ModelConfig) -> str | None:
+    def stream_refusal(cfg) -> str | None:
         """Why this kind's cache cannot stream with sink tokens (None: it can, as a StreamingCache)."""
         return None
 
@@ -129,6 +196,15 @@ class Attention(nn.Module):
         among the stacked [Wq; Wk; Wv] (insight's wiring probe zeroes them)."""
         H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
         return [(self.qkv, slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)) for j in range(H_kv)]
+
+
+def mean_keys_seen(seq_len: int, window: int | None) -> float:
+    """The keys a query sees, on average over the T = seq_len queries of a causal sequence: query t sees min(t + 1, W)
+    of them, so (T + 1) / 2 without a window (or W >= T), else (W (W + 1) / 2 + (T - W) W) / T. What the attention's
+    FLOPs count (a kernel that computes the whole T x T square and masks it does about twice the work)."""
+    if window is None or window >= seq_len:
+        return (seq_len + 1) / 2
+    return (window * (window + 1) / 2 + (seq_len - window) * window) / seq_len
 
 
 def visible_keys(start: int, n_queries: int, n_keys: int, key_positions: torch.Tensor | None, window: int | None,

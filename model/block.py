@@ -12,39 +12,59 @@ import torch
 from torch import nn
 
 from model.attention import Attention
-from model.config import ModelConfig
 from model.ffn import FeedForward
 from model.kv_cache import FullCache
 from model.mla import LatentAttention
 from model.moe import MoE
 from model.norms import make_norm
 from model.positions import Rotary
-from model.qk_norm import QKNorm
 
 
+# The kind of each component a config chooses, made here and nowhere else: by ModelConfig.attention (MHA, GQA and
+# MQA are one class, Attention) and by model.ffn (SwiGLU, ReLU, GELU and ReLU² are FeedForward).
+ATTENTION_CLASSES = {"mla": LatentAttention}
+FFN_CLASSES = {"moe": MoE}
 ATTENTIONS = (Attention, LatentAttention)  # the attention kinds, the first the default of the estimators
 
 
-def attention_class(cfg: ModelConfig) -> type[Attention] | type[LatentAttention]:
-    """The attention kind of cfg's blocks, chosen here once: what it caches and can do at generation, asked of the
-    class where there is no model (the memory estimators)."""
-    return LatentAttention if cfg.attention == "mla" else Attention
+def attention_class(cfg) -> type[Attention] | type[LatentAttention]:
+    """The attention kind of cfg's blocks: what it caches and can do at generation, asked of the class where there
+    is no model (the memory estimators)."""
+    return ATTENTION_CLASSES.get(cfg.attention, Attention)
+
+
+def ffn_class(cfg, layer: int | None = None) -> type[FeedForward] | type[MoE]:
+    """Block `layer`'s FFN kind (None: the model's own, past an MoE's model.dense_layers dense SwiGLU blocks)."""
+    kind = FFN_CLASSES.get(cfg.ffn, FeedForward)
+    return kind if layer is None or layer >= cfg.dense_layers else FeedForward
+
+
+def validate_kinds(cfg) -> None:
+    """Each kind's rules for its own settings (ModelConfig.validate calls this): the chosen attention's and FFN's
+    validate, and each other kind's refuse_settings, so that no setting of a kind not chosen does nothing silently."""
+    chosen = (attention_class(cfg), ffn_class(cfg))
+    for kind in (LatentAttention, Attention, MoE, FeedForward):
+        if kind in chosen:
+            kind.validate(cfg)
+        else:
+            kind.refuse_settings(cfg)
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, rotary: Rotary | None):
+    def __init__(self, cfg, layer: int, rotary: Rotary | None):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
-        self.attn = LatentAttention(cfg, rotary) if attention_class(cfg) is LatentAttention else \
-            Attention(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
-                      cfg.layer_windows[layer], cfg.sinks)
+        self.attn = attention_class(cfg).from_config(cfg, layer, rotary)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.ffn = MoE(cfg) if cfg.ffn == "moe" and layer >= cfg.dense_layers else \
-            FeedForward(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)
+        self.ffn = ffn_class(cfg, layer).from_config(cfg)
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weights that write the block's two branches into the residual stream, in parameter order: what
+        GPT-2's scaled init draws again (model/transformer.py)."""
+        return [*self.attn.residual_weights(), *self.ffn.residual_weights()]
 
     def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
         if self.pre_norm:
@@ -54,7 +74,7 @@ class Block(nn.Module):
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
 
 
-def final_norm(cfg: ModelConfig) -> nn.Module | None:
+def final_norm(cfg) -> nn.Module | None:
     """The norm between the last block and the LM head: Pre-Norm blocks leave the residual stream
     unnormalised, so the model needs one; Post-Norm blocks already end in a norm."""
     return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps) if cfg.norm_position == "pre" else None

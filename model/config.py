@@ -4,6 +4,9 @@ Every switch is a string naming one option; every size is an int. The defaults a
 on its corpus, and they are the one place its sizes are written: settings.py makes these fields, types and
 defaults the schema of the Hydra config's `model.` node, a preset (configs/model/) sets only what differs, and
 a checkpoint stores them as JSON.
+
+The checks here span components (sizes, head counts, the switches' names, RoPE's even head dim); each attention and
+FFN kind checks its own settings (its class's validate, model/block.py's validate_kinds).
 """
 from __future__ import annotations
 
@@ -11,25 +14,20 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from errors import ConfigError
+from model.attention import local_run_of
+from model.block import attention_class, validate_kinds
+from model.checks import is_number
 from model.ffn import hidden_width
 from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
-from parsing import whole_number
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
 ATTENTIONS = ("gqa", "mha", "mqa", "mla")  # the attention group's options (configs/attention/)
-MLA_SETTINGS = ("q_rank", "rope_head_dim", "v_head_dim")  # attention=mla's, beside model.kv_rank
 FFNS = ("swiglu", "relu", "gelu", "relu2", "moe")
-ROUTERS = ("softmax", "sigmoid")  # model.router, ffn=moe's (model/moe.py)
-# ffn=moe's settings and their values without it: each is refused with a dense FFN unless it has that value
-MOE_SETTINGS = {"n_experts": None, "experts_per_token": None, "expert_d_ff": None, "n_shared_experts": 0,
-                "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
-                "router_bias_rate": 0.0}
 QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
-WINDOW_PATTERNS = "all, alternate or N:1 (N local layers to one global, e.g. 5:1)"  # model.window_pattern's forms
 
 
 def local_layers(pattern: str, n_layers: int) -> list[bool]:
@@ -41,23 +39,12 @@ def local_layers(pattern: str, n_layers: int) -> list[bool]:
     return [layer % (local_run + 1) < local_run for layer in range(n_layers)]
 
 
-def local_run_of(pattern) -> int | None:
-    """N of an N:1 pattern (N >= 1, in ASCII digits: parsing.py), else None."""
-    local, _, rest = pattern.partition(":") if isinstance(pattern, str) else ("", "", "")
-    run = whole_number(local)
-    return run if run is not None and run >= 1 and rest == "1" else None
-
-
 def window_pattern_of(local: list[bool]) -> str | None:
     """local_layers' inverse: the pattern that makes exactly these blocks local, or None where none does."""
     for pattern in ("all", "alternate", *(f"{n}:1" for n in range(2, len(local) + 1))):
         if local_layers(pattern, len(local)) == local:
             return pattern
     return None
-
-
-def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def attention_kind(n_heads: int, n_kv_heads: int) -> str:
@@ -162,9 +149,7 @@ class ModelConfig:
         """The dims of each head RoPE rotates: all of them, or MLA's decoupled RoPE part (none without RoPE)."""
         if self.position != "rope":
             return 0
-        if self.attention != "mla":
-            return self.head_dim
-        return self.head_dim // 2 if self.rope_head_dim is None else self.rope_head_dim
+        return attention_class(self).rope_dim(self)
 
     @property
     def value_dim(self) -> int:
@@ -198,21 +183,7 @@ class ModelConfig:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
-        if self.attention == "mla":
-            self.validate_mla()
-        else:
-            for key in MLA_SETTINGS:
-                if getattr(self, key) is not None:
-                    raise ConfigError(f"model.{key}={getattr(self, key)!r} is a setting of attention=mla, but this "
-                                      f"model has no latent (model.kv_rank=null)")
-        if self.ffn == "moe":
-            self.validate_moe()
-        else:
-            for key, dense in MOE_SETTINGS.items():
-                if getattr(self, key) != dense:
-                    raise ConfigError(f"model.{key}={getattr(self, key)!r} is a setting of ffn=moe, but "
-                                      f"model.ffn={self.ffn}")
-        self.validate_window()
+        validate_kinds(self)  # each attention and FFN kind's own settings (model/block.py)
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -233,71 +204,6 @@ class ModelConfig:
         for key in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")
-
-    def validate_mla(self) -> None:
-        for key in ("kv_rank", *MLA_SETTINGS):
-            value, least = getattr(self, key), 0 if key == "rope_head_dim" else 1
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
-                raise ConfigError(f"model.{key}={value!r} must be a {'non-negative' if least == 0 else 'positive'} "
-                                  f"integer")
-        compressed = self.n_heads * (self.head_dim + self.value_dim)
-        if self.kv_rank > compressed:
-            raise ConfigError(f"model.kv_rank={self.kv_rank} must be at most the keys and values it compresses, "
-                              f"model.n_heads x (head_dim + v_head_dim) = {compressed}")
-        if self.n_kv_heads != self.n_heads:
-            raise ConfigError(f"model.attention=mla up-projects a key and a value for every query head: "
-                              f"model.n_kv_heads={self.n_kv_heads} must be model.n_heads={self.n_heads}")
-        if self.qk_norm != "none":  # the absorbed decode folds W_uk into the query, which a norm of k would block
-            raise ConfigError(f"model.qk_norm={self.qk_norm} with attention=mla: MLA's keys are up-projected from "
-                              f"an RMS-normed latent, and a norm of each key would not let decoding fold W_uk into "
-                              f"the query; use qk_norm=none")
-        rope, d_r = self.position == "rope", self.rope_head_dim
-        if d_r is not None and (d_r % 2 or d_r > self.head_dim):
-            raise ConfigError(f"model.rope_head_dim={d_r} must be even and at most the head dim, model.d_model / "
-                              f"model.n_heads = {self.head_dim}")
-        if d_r is not None and rope != (d_r > 0):  # without RoPE the decoupled part would be plain key dims
-            raise ConfigError(f"model.rope_head_dim={d_r} with model.position={self.position}: MLA's RoPE part "
-                              + ("carries RoPE's positions; it needs at least 2 dims" if rope else
-                                 "is rotated by RoPE; without it use model.rope_head_dim=0 (or null)"))
-
-    def validate_moe(self) -> None:
-        for key in ("n_experts", "experts_per_token", "expert_d_ff", "n_shared_experts", "dense_layers"):
-            value, least = getattr(self, key), {"n_experts": 2, "n_shared_experts": 0, "dense_layers": 0}.get(key, 1)
-            if key == "expert_d_ff" and value is None:  # the rule: expert_width
-                continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ConfigError(f"model.{key}={value!r} must be an integer >= {least} with ffn=moe")
-        if self.experts_per_token > self.n_experts:
-            raise ConfigError(f"model.experts_per_token={self.experts_per_token} must be at most "
-                              f"model.n_experts={self.n_experts}")
-        if self.dense_layers >= self.n_layers:
-            raise ConfigError(f"model.dense_layers={self.dense_layers} leaves no block of model.n_layers="
-                              f"{self.n_layers} with experts; use a dense ffn")
-        if self.router not in ROUTERS:
-            raise ConfigError(f"model.router={self.router!r} must be one of {', '.join(ROUTERS)}")
-        for key in ("router_aux_coef", "router_z_coef", "router_bias_rate"):
-            value = getattr(self, key)
-            if not (is_number(value) and 0 <= value < math.inf):
-                raise ConfigError(f"model.{key}={value!r} must be a number >= 0")
-
-    def validate_window(self) -> None:
-        window, pattern = self.window, self.window_pattern
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
-                                   or not 1 <= window < self.context_length):
-            raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
-                              f"{self.context_length}), or null for full attention")
-        if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
-            raise ConfigError(f"model.window_pattern={pattern!r} must be {WINDOW_PATTERNS}")
-        if window is None and pattern != "all":
-            raise ConfigError(f"model.window_pattern={pattern} says which layers are local, but model.window=null "
-                              f"makes none; set model.window")
-        if not isinstance(self.sinks, bool):
-            raise ConfigError(f"model.sinks={self.sinks!r} must be true or false")
-        if self.attention == "mla" and (window is not None or self.sinks):
-            setting = f"model.window={window}" if window is not None else "model.sinks=true"
-            raise ConfigError(f"{setting} with attention=mla: the latent attention here has no band mask or sink "
-                              f"logit (its absorbed decode attends to every cached latent); use attention=gqa, mha "
-                              f"or mqa")
 
     def validate_rope_scaling(self) -> None:
         if self.rope_scaling not in SCALINGS:
@@ -325,9 +231,16 @@ class ModelConfig:
         return asdict(self)
 
     @classmethod
+    def from_settings(cls, settings: dict) -> "ModelConfig":
+        """A composed config's `model` node, its vocab_size set: the attention group's name (model.attention) checked
+        against the settings it names, then the model."""
+        check_attention_choice(settings["attention"], settings["n_heads"], settings["n_kv_heads"], settings["kv_rank"])
+        return cls.from_dict(settings)
+
+    @classmethod
     def from_dict(cls, values: dict) -> "ModelConfig":
         """Build from a dict (a checkpoint's JSON), ignoring keys that are not the model's: the attention's name
-        (derived from n_kv_heads; older checkpoints store it). A composed config goes through
-        training.config.model_config, which also checks the attention group's name against the head counts."""
+        (derived from n_kv_heads; older checkpoints store it). A composed config goes through from_settings, which also
+        checks the attention group's name against the head counts."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import last_positions_mask
-from model.config import ModelConfig
+from errors import ConfigError
+from model.attention import Attention, last_positions_mask, mean_keys_seen
 from model.kv_cache import CacheField, FullCache, PerPosition
 from model.norms import RMSNorm
 from model.positions import Rotary
@@ -38,10 +38,65 @@ from model.positions import Rotary
 LATENT_NORM_EPS = 1e-6  # DeepSeek-V2/V3's, fixed in their code and in transformers' DeepseekV3
 
 
-class LatentAttention(nn.Module):
-    window = sinks = None  # no local window, no sink logits: ModelConfig refuses them with MLA
+SETTINGS = ("q_rank", "rope_head_dim", "v_head_dim")  # its settings beside model.kv_rank, which chooses it
 
-    def __init__(self, cfg: ModelConfig, rotary: Rotary | None):
+
+class LatentAttention(nn.Module):
+    window = sinks = None  # no local window, no sink logits: validate refuses them
+
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """The rules of the latent's settings (model.kv_rank and SETTINGS), and the settings it cannot take: a
+        ConfigError naming the first one broken."""
+        for key in ("kv_rank", *SETTINGS):
+            value, least = getattr(cfg, key), 0 if key == "rope_head_dim" else 1
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ConfigError(f"model.{key}={value!r} must be a {'non-negative' if least == 0 else 'positive'} "
+                                  f"integer")
+        compressed = cfg.n_heads * (cfg.head_dim + cfg.value_dim)
+        if cfg.kv_rank > compressed:
+            raise ConfigError(f"model.kv_rank={cfg.kv_rank} must be at most the keys and values it compresses, "
+                              f"model.n_heads x (head_dim + v_head_dim) = {compressed}")
+        if cfg.n_kv_heads != cfg.n_heads:
+            raise ConfigError(f"model.attention=mla up-projects a key and a value for every query head: "
+                              f"model.n_kv_heads={cfg.n_kv_heads} must be model.n_heads={cfg.n_heads}")
+        if cfg.qk_norm != "none":  # the absorbed decode folds W_uk into the query, which a norm of k would block
+            raise ConfigError(f"model.qk_norm={cfg.qk_norm} with attention=mla: MLA's keys are up-projected from "
+                              f"an RMS-normed latent, and a norm of each key would not let decoding fold W_uk into "
+                              f"the query; use qk_norm=none")
+        rope, d_r = cfg.position == "rope", cfg.rope_head_dim
+        if d_r is not None and (d_r % 2 or d_r > cfg.head_dim):
+            raise ConfigError(f"model.rope_head_dim={d_r} must be even and at most the head dim, model.d_model / "
+                              f"model.n_heads = {cfg.head_dim}")
+        if d_r is not None and rope != (d_r > 0):  # without RoPE the decoupled part would be plain key dims
+            raise ConfigError(f"model.rope_head_dim={d_r} with model.position={cfg.position}: MLA's RoPE part "
+                              + ("carries RoPE's positions; it needs at least 2 dims" if rope else
+                                 "is rotated by RoPE; without it use model.rope_head_dim=0 (or null)"))
+        Attention.validate(cfg)  # the window's settings well-formed, then refused: none of them here
+        if cfg.window is not None or cfg.sinks:
+            setting = f"model.window={cfg.window}" if cfg.window is not None else "model.sinks=true"
+            raise ConfigError(f"{setting} with attention=mla: the latent attention here has no band mask or sink "
+                              f"logit (its absorbed decode attends to every cached latent); use attention=gqa, mha "
+                              f"or mqa")
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """Another attention is chosen: each of SETTINGS is left unset."""
+        for key in SETTINGS:
+            if getattr(cfg, key) is not None:
+                raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of attention=mla, but this "
+                                  f"model has no latent (model.kv_rank=null)")
+
+    @classmethod
+    def rope_dim(cls, cfg) -> int:
+        """d_R, the dims of each head RoPE rotates: model.rope_head_dim, or half a head."""
+        return cfg.head_dim // 2 if cfg.rope_head_dim is None else cfg.rope_head_dim
+
+    @classmethod
+    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "LatentAttention":
+        return cls(cfg, rotary)
+
+    def __init__(self, cfg, rotary: Rotary | None):
         super().__init__()
         self.n_heads, self.head_dim, self.value_dim = cfg.n_heads, cfg.head_dim, cfg.value_dim
         self.kv_rank, self.rope_dim = cfg.kv_rank, cfg.rope_dim
@@ -63,6 +118,20 @@ class LatentAttention(nn.Module):
         self.rotary = rotary
         self.dropout = cfg.dropout
 
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
+        return [self.out.weight]
+
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token in a causal sequence of seq_len tokens, in the naive form that training and a
+        prefill run (2 per multiply-add): W_dkv and W_kr, the query's projections (W_dq and W_uq, or W_q), W_uk, W_uv
+        and W_o, then q k^T over D + d_R dims and the weights times v over D_v, for each of mean_keys_seen's keys."""
+        H, D, D_v, d, d_c, d_r = cfg.n_heads, cfg.head_dim, cfg.value_dim, cfg.d_model, cfg.kv_rank, cfg.rope_dim
+        query = 2 * d * H * (D + d_r) if cfg.q_rank is None else 2 * d * cfg.q_rank + 2 * cfg.q_rank * H * (D + d_r)
+        projections = 2 * d * (d_c + d_r) + query + 2 * d_c * H * (D + D_v) + 2 * H * D_v * d
+        return projections + 2 * H * (D + d_r + D_v) * mean_keys_seen(seq_len, None)
+
     def project(self, x: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [B, H, T, D + d_R] ([q_C, q_R], q_R rotated) and the cached latent [c_kv, k_R]: [B, 1, T, d_c + d_R]."""
         B, T, _ = x.shape
@@ -83,6 +152,12 @@ class LatentAttention(nn.Module):
         k_c = self.k_up(c_kv).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         v = self.v_up(c_kv).view(B, T, self.n_heads, self.value_dim).transpose(1, 2)
         return torch.cat([k_c, k_r.unsqueeze(1).expand(B, self.n_heads, T, self.rope_dim)], dim=-1), v
+
+    weights = Attention.weights  # its naive form's q and k, scored over D + d_R dims, with no window or sink
+
+    def logit_bound(self) -> None:
+        """No QK-norm bounds its logits (validate refuses one)."""
+        return None
 
     def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The naive form's q, k: [B, H, T, D + d_R] and v: [B, H, T, D_v], as Attention.heads gives them."""
@@ -131,12 +206,12 @@ class LatentAttention(nn.Module):
         window_refusal="this repo's latent attention has no window", row="MLA ({kv_rank} + {rope_head_dim})")
 
     @staticmethod
-    def cache_dims(cfg: ModelConfig) -> dict[str, int]:
+    def cache_dims(cfg) -> dict[str, int]:
         """The widths PER_POSITION reads, of a model of these settings."""
         return {"kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim}
 
     @classmethod
-    def cache_bytes(cls, cfg: ModelConfig, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
+    def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
         """What new_cache allocates for `positions`, in any block."""
         return positions * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
 
@@ -150,7 +225,7 @@ class LatentAttention(nn.Module):
         return False
 
     @staticmethod
-    def stream_refusal(cfg: ModelConfig) -> str | None:
+    def stream_refusal(cfg) -> str | None:
         """Sink tokens refused (Attention.stream_refusal): the absorbed decode attends to every cached latent."""
         return "with attention=mla: its latent cache has no streaming form here"
 

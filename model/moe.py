@@ -17,10 +17,12 @@ The router runs in float32 at least, whatever autocast computes the rest in: in 
 apart, so top-k would break many exact ties by expert index (transformers' routers compute in float32 too).
 
 b: [E] is the loss-free balancing bias (Wang et al. 2024, DeepSeek-V3), a buffer: it moves which experts are
-chosen, never their gates, and after each optimizer step (update_bias) it moves by model.router_bias_rate
+chosen, never their gates, and after each optimizer step (after_optimizer_step) it moves by model.router_bias_rate
 towards balance, b_e += rate * sign(mean load - load_e), from that step's loads, outside the gradient.
 
-The balance losses, added to the language-model loss (Transformer.balance_loss), each logged apart:
+The balance losses, the block's auxiliary losses (Transformer.aux_losses): weighted by model.router_aux_coef and
+model.router_z_coef, they join the language-model loss (Transformer.aux_loss), each logged apart as router_aux and
+router_z:
     aux = E * sum_e f_e P_e        f_e: the fraction of the N k choices that went to e; P_e: the mean over
                                    tokens of p_e / sum(p) (Switch, OLMoE): 1 when both are uniform
     z   = mean_n (logsumexp_e s_ne)^2     the router z-loss (ST-MoE): keeps the scores small
@@ -39,8 +41,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
+from errors import ConfigError
+from model.checks import is_number
 from model.ffn import FeedForward
+
+
+ROUTERS = ("softmax", "sigmoid")  # model.router
+# its settings and their values without it: each is refused with a dense FFN unless it has that value
+SETTINGS = {"n_experts": None, "experts_per_token": None, "expert_d_ff": None, "n_shared_experts": 0,
+            "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
+            "router_bias_rate": 0.0}
 
 
 def max_violation(load: torch.Tensor) -> float:
@@ -56,7 +66,41 @@ class Routing(NamedTuple):
 
 
 class MoE(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """The rules of its settings (SETTINGS): a ConfigError naming the first one broken."""
+        for key in ("n_experts", "experts_per_token", "expert_d_ff", "n_shared_experts", "dense_layers"):
+            value, least = getattr(cfg, key), {"n_experts": 2, "n_shared_experts": 0, "dense_layers": 0}.get(key, 1)
+            if key == "expert_d_ff" and value is None:  # the rule: expert_width
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ConfigError(f"model.{key}={value!r} must be an integer >= {least} with ffn=moe")
+        if cfg.experts_per_token > cfg.n_experts:
+            raise ConfigError(f"model.experts_per_token={cfg.experts_per_token} must be at most "
+                              f"model.n_experts={cfg.n_experts}")
+        if cfg.dense_layers >= cfg.n_layers:
+            raise ConfigError(f"model.dense_layers={cfg.dense_layers} leaves no block of model.n_layers="
+                              f"{cfg.n_layers} with experts; use a dense ffn")
+        if cfg.router not in ROUTERS:
+            raise ConfigError(f"model.router={cfg.router!r} must be one of {', '.join(ROUTERS)}")
+        for key in ("router_aux_coef", "router_z_coef", "router_bias_rate"):
+            value = getattr(cfg, key)
+            if not (is_number(value) and 0 <= value < math.inf):
+                raise ConfigError(f"model.{key}={value!r} must be a number >= 0")
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """A dense FFN is chosen: each of SETTINGS keeps its value without experts."""
+        for key, dense in SETTINGS.items():
+            if getattr(cfg, key) != dense:
+                raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of ffn=moe, but "
+                                  f"model.ffn={cfg.ffn}")
+
+    @classmethod
+    def from_config(cls, cfg) -> "MoE":
+        return cls(cfg)
+
+    def __init__(self, cfg):
         super().__init__()
         E, d, d_e = cfg.n_experts, cfg.d_model, cfg.expert_width
         self.n_experts, self.k, self.expert_d_ff = E, cfg.experts_per_token, d_e
@@ -72,7 +116,22 @@ class MoE(nn.Module):
         self.register_buffer("bias", torch.zeros(E))  # loss-free balancing: saved, resumed, never trained
         self.register_buffer("step_counts", torch.zeros(E), persistent=False)  # choices since the last update
         self.last = {}  # the last forward's routing, detached: its loads, entropy and choices (evaluate, insight/)
-        self.terms = {}  # a forward with gradients: the balance terms its loss adds, until taken (take_terms)
+        self.terms = {}  # a forward with gradients: the balance terms its loss adds, until taken (take_aux_losses)
+        # each balance term's weight in the model's loss, by the name it is logged under
+        self.aux_weights = {"router_aux": cfg.router_aux_coef, "router_z": cfg.router_z_coef}
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weights this FFN writes into the residual stream with: every expert's W2, then the shared experts'
+        (GPT-2's scaled init)."""
+        return [self.experts_out.weight, *(self.shared.residual_weights() if self.shared is not None else [])]
+
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token of what runs for it (2 per multiply-add): the router's scores, 2 d E, and the
+        k routed and the shared experts' SwiGLUs, 3 x 2 d d_e each; the E - k experts it skips cost it nothing.
+        Any seq_len: each token alone."""
+        d, d_e = cfg.d_model, cfg.expert_width
+        return 2 * d * cfg.n_experts + (cfg.experts_per_token + cfg.n_shared_experts) * 3 * 2 * d * d_e
 
     def route(self, x: torch.Tensor) -> Routing:
         """x: [N, d] -> the formula's choices and gates, in float32 at least (float64 stays float64)."""
@@ -124,6 +183,19 @@ class MoE(nn.Module):
         self.record(routing)
         return y.view(shape)
 
+    def last_routing(self) -> dict[str, torch.Tensor]:
+        """What its router did in the last forward, for what looks inside the model (validation metrics, insight/):
+        "load" [E], the fraction of the N k choices each expert took; "entropy", the router's mean entropy over
+        tokens / ln E; "chosen" [N, k], each token's experts."""
+        return self.last
+
+    def hidden_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """What looks inside the model (insight/) reads of its hidden units for the inputs x [..., d] of its last
+        forward, flattened: silu(x W1_e), each expert's gate on the tokens its router sent it, expert by expert."""
+        x, chosen = x.reshape(-1, x.shape[-1]), self.last["chosen"]
+        w1 = self.experts_in.weight.view(self.n_experts, 2, self.expert_d_ff, -1)[:, 0]
+        return torch.cat([F.silu(x[(chosen == e).any(dim=-1)] @ w1[e].T).flatten() for e in range(self.n_experts)])
+
     @torch.compiler.disable  # its state (the counts, the terms) is kept between forwards
     def record(self, routing: Routing) -> None:
         """This forward's loads, router entropy and choices; with gradients, the balance terms its loss adds; in
@@ -134,18 +206,22 @@ class MoE(nn.Module):
         entropy = -(shares * shares.clamp_min(1e-30).log()).sum(dim=-1).mean() / math.log(self.n_experts)
         self.last = {"load": load, "entropy": entropy.detach(), "chosen": routing.chosen}
         if torch.is_grad_enabled():
-            self.terms = {"aux": self.n_experts * (load * shares.mean(dim=0)).sum(),  # E sum_e f_e P_e
-                          "z": routing.scores.logsumexp(dim=-1).square().mean()}
+            self.terms = {"router_aux": self.n_experts * (load * shares.mean(dim=0)).sum(),  # E sum_e f_e P_e
+                          "router_z": routing.scores.logsumexp(dim=-1).square().mean()}
         if self.training:
             self.step_counts += counts.to(self.step_counts.dtype)
 
-    def take_terms(self) -> dict[str, torch.Tensor]:
+    def take_aux_losses(self) -> dict[str, torch.Tensor]:
         """The last forward's balance terms, once: a step's loss takes them, and nothing keeps its graph after."""
         terms, self.terms = self.terms, {}
         return terms
 
     @torch.no_grad()
-    def update_bias(self, counts: torch.Tensor) -> None:
-        """After an optimizer step, from that step's choices per expert (every process's, summed): the
-        underloaded experts' bias rises by the rate, the overloaded ones' falls."""
-        self.bias += self.bias_rate * torch.sign(counts.mean() - counts).to(self.bias.dtype)
+    def after_optimizer_step(self, reduce) -> None:
+        """The loss-free bias, from the step's choices per expert, reduce(counts) giving every process's (a sum; a
+        mean would do, the update reading only their signs against their mean): the underloaded experts' bias rises
+        by the rate, the overloaded ones' falls. The counts start again."""
+        if self.bias_rate:  # every process has the same rate: all of them reduce, or none
+            counts = reduce(self.step_counts.clone())
+            self.bias += self.bias_rate * torch.sign(counts.mean() - counts).to(self.bias.dtype)
+        self.step_counts.zero_()

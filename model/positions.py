@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from errors import ConfigError
-from model.config import ModelConfig
 from model.rope_scaling import rope_frequencies, scaling_stream_refusal
 
 
@@ -127,7 +126,7 @@ class PositionsError(ConfigError):
     """A length that the model's positions cannot reach: a learned table's end."""
 
 
-def table_bytes(cfg: ModelConfig, length: int) -> int:
+def table_bytes(cfg, length: int) -> int:
     """The bytes fit(length) holds at least, counted before anything is allocated (so that a length too long for
     the machine is refused in a second rather than killed by the OOM killer): RoPE's fp32 cos and sin tables,
     2 * length * rope_dim * 4 (every head dim, or MLA's RoPE part); the sinusoidal table, built in fp64 and kept in fp32, length * d_model * (8 + 4).
@@ -139,7 +138,13 @@ def table_bytes(cfg: ModelConfig, length: int) -> int:
     return 0
 
 
-def make_positions(cfg: ModelConfig, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
+def position_limit(cfg) -> int | None:
+    """The most positions the model can read: a learned table's rows (model.context_length); None where its positions
+    reach any length (RoPE's and the sinusoidal table grow, position=none has none)."""
+    return cfg.context_length if cfg.position == "learned" else None
+
+
+def make_positions(cfg, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
     added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""
     if cfg.position == "rope":

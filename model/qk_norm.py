@@ -10,6 +10,8 @@ so |q.k| / sqrt(D) <= sqrt(D) max|g_q| max|g_k|: the logits' scale is the gains'
 projections'.
 RMSNorm over a head of one dimension would keep only the sign of each q and k, so the head dim must be >= 2.
 """
+import math
+
 import torch
 from torch import nn
 
@@ -23,6 +25,12 @@ class QKNorm(nn.Module):
         super().__init__()
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
+
+    def logit_bound(self) -> float:
+        """sqrt(D) max|g_q| max|g_k|: the largest |q . k| / sqrt(D) of a normalised q and k (Cauchy-Schwarz; RoPE
+        turns them without changing their norms)."""
+        D = self.q_norm.weight.numel()
+        return math.sqrt(D) * self.q_norm.weight.abs().max().item() * self.k_norm.weight.abs().max().item()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q_norm(q), self.k_norm(k)

@@ -50,11 +50,11 @@ class Transformer(nn.Module):
         self.apply(self._init_weights)
         if cfg.embedding_scale == "transformer2017":
             nn.init.normal_(self.tok_emb.weight, std=embed_std)
-        # GPT-2's scaled init: each residual branch's output projection by 1/sqrt(2 * n_layers),
-        # so the residual stream's variance does not grow with depth.
-        for name, p in self.named_parameters():
-            if name.endswith(("attn.out.weight", "ffn.w_out.weight", "ffn.experts_out.weight", "shared.w_out.weight")):
-                nn.init.normal_(p, std=INIT_STD / math.sqrt(2 * cfg.n_layers))
+        # GPT-2's scaled init: the weights each residual branch writes into the stream with (each block's own
+        # declaration, block by block) by 1/sqrt(2 * n_layers), so the stream's variance does not grow with depth.
+        for block in self.blocks:
+            for weight in block.residual_weights():
+                nn.init.normal_(weight, std=INIT_STD / math.sqrt(2 * cfg.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module):
@@ -71,30 +71,47 @@ class Transformer(nn.Module):
         idle = sum((m.n_experts - m.k) * 3 * m.expert_d_ff * self.cfg.d_model for m in self.moe_layers().values())
         return self.num_params() - idle
 
+    def flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """FLOPs per token of a causal sequence of seq_len tokens, each position a query as in training (2 per
+        multiply-add; element-wise ops, norms and softmax not counted): every block's attention and FFN as its kind
+        counts what runs (a MoE's k routed and shared experts and its router, MLA's projections, a local layer's
+        window, the keys each query sees on average: model/attention.py's mean_keys_seen), and the LM head, 2 d V.
+        training: the forward and the backward, which costs twice the forward's (the gradients of the inputs and of
+        the weights): 3x."""
+        cfg = self.cfg
+        forward = sum(block.attn.flops_per_token(cfg, layer, seq_len) + block.ffn.flops_per_token(cfg, layer, seq_len)
+                      for layer, block in enumerate(self.blocks)) + 2 * cfg.d_model * cfg.vocab_size
+        return 3 * forward if training else forward
+
     def moe_layers(self) -> dict[int, MoE]:
         """The blocks whose FFN is a mixture of experts, by index (model.dense_layers keeps the first ones dense)."""
         return {i: block.ffn for i, block in enumerate(self.blocks) if isinstance(block.ffn, MoE)}
 
-    def balance_terms(self) -> dict[str, torch.Tensor]:
-        """The routers' balance terms of the last forward with gradients, taken once (model/moe.py), each the mean
-        over the MoE blocks so that a coefficient means the same at any depth: {"aux": ..., "z": ...}, or {} for a
-        dense model."""
-        taken = [terms for moe in self.moe_layers().values() if (terms := moe.take_terms())]
-        return {name: sum(t[name] for t in taken) / len(taken) for name in ("aux", "z")} if taken else {}
+    def aux_losses(self) -> dict[str, torch.Tensor]:
+        """The auxiliary losses of the last forward with gradients, by the name each is logged under, taken once from
+        the components that have them (take_aux_losses: an MoE's router_aux and router_z, model/moe.py), each the
+        mean over the blocks that give it, so that its weight means the same at any depth; {} where none has any."""
+        by_name = {}
+        for module in self.blocks.modules():
+            for name, value in (module.take_aux_losses() if hasattr(module, "take_aux_losses") else {}).items():
+                by_name.setdefault(name, []).append(value)
+        return {name: sum(values) / len(values) for name, values in by_name.items()}
 
-    def balance_loss(self, terms: dict[str, torch.Tensor]) -> torch.Tensor | float:
-        """What balance_terms add to the language-model loss: model.router_aux_coef * aux + model.router_z_coef * z
-        (0 for a dense model)."""
-        return self.cfg.router_aux_coef * terms["aux"] + self.cfg.router_z_coef * terms["z"] if terms else 0.0
+    def aux_loss(self, losses: dict[str, torch.Tensor]) -> torch.Tensor | float:
+        """What aux_losses add to the language-model loss: each by the weight its component gives it (aux_weights:
+        an MoE's model.router_aux_coef and model.router_z_coef), 0 where there are none."""
+        weights = {name: weight for module in self.blocks.modules() for name, weight in
+                   getattr(module, "aux_weights", {}).items()}
+        return sum((weights[name] * value for name, value in losses.items()), 0.0)
 
     @torch.no_grad()
-    def update_router_biases(self, reduce) -> None:
-        """After an optimizer step, each MoE block's loss-free bias from that step's choices; reduce(counts) gives
-        them over every process (a mean does: the update reads only their signs against their mean)."""
-        for moe in self.moe_layers().values():
-            if moe.bias_rate:  # every process has the same rate: all of them reduce, or none
-                moe.update_bias(reduce(moe.step_counts.clone()))
-            moe.step_counts.zero_()
+    def after_optimizer_step(self, reduce) -> None:
+        """What the components update after each optimizer step, outside the gradient, in block order (an MoE's
+        loss-free bias from that step's expert choices, model/moe.py); reduce(tensor) gives a tensor's sum over the
+        processes (identity in one process)."""
+        for module in self.blocks.modules():
+            if hasattr(module, "after_optimizer_step"):
+                module.after_optimizer_step(reduce)
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
         """What each position a full layer holds costs, over every layer (a local layer holds only its window's):

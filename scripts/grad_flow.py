@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli import ascii_numbers, run_command  # noqa: E402  (after the path: run as a script from anywhere)
 from model import ModelConfig, Transformer  # noqa: E402
+from model.config import NORM_POSITIONS  # noqa: E402
 from settings import compose_config  # noqa: E402
 from training.config import model_config  # noqa: E402
 from training.evaluate import next_token_loss  # noqa: E402
@@ -63,7 +64,7 @@ def model_config_for(overrides: list[str]) -> ModelConfig:
 
 def grad_flow_rows(depths: list[int], overrides: list[str], batch_size: int, seed: int):
     """One dict per (norm position, depth) with the numbers of gradient_ratios."""
-    for norm_position in ("pre", "post"):
+    for norm_position in NORM_POSITIONS:
         for depth in depths:
             cfg = model_config_for([*overrides, f"norm_position={norm_position}", f"model.n_layers={depth}"])
             torch.manual_seed(seed)

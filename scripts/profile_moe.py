@@ -32,7 +32,7 @@ from cli import ascii_numbers  # noqa: E402
 from benchmarks.timing import Device, speed_rows, timed_alternately  # noqa: E402  (the repo root: bench.py's)
 from benchmarks.train_steps import our_peer, tokens_per_step  # noqa: E402
 from model import Transformer  # noqa: E402
-from model.config import MOE_SETTINGS  # noqa: E402
+from model.moe import SETTINGS as MOE_SETTINGS  # noqa: E402
 from model.moe import MoE  # noqa: E402
 from settings import compose_config  # noqa: E402
 from training.config import model_config  # noqa: E402

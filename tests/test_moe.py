@@ -100,7 +100,8 @@ def test_top1_gates_are_the_routers_probability_so_the_loss_trains_the_router():
 
 def test_the_balance_terms_are_switchs_loss_and_the_z_loss():
     """aux = E sum_e f_e P_e (1 when loads and scores are uniform), z = mean logsumexp(s)^2, each the mean over the
-    MoE blocks; balance_loss weighs them by the coefficients; a dense model has none."""
+    MoE blocks, the model's auxiliary losses router_aux and router_z; aux_loss weighs them by the coefficients; a dense
+    model has none."""
     model = moe_model(router_aux_coef=0.01, router_z_coef=0.001, dense_layers=1)
     tokens = torch.randint(64, (2, 9), generator=torch.Generator().manual_seed(0))
     model(tokens)
@@ -114,20 +115,21 @@ def test_the_balance_terms_are_switchs_loss_and_the_z_loss():
     chosen = p.topk(2, dim=-1).indices
     f = torch.stack([(chosen == e).sum() for e in range(6)]).double() / chosen.numel()
     assert list(model.moe_layers()) == [1]
-    terms = model.balance_terms()
-    torch.testing.assert_close(terms["aux"], 6 * (f * p.mean(0)).sum(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(terms["z"], scores.logsumexp(-1).square().mean(), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(model.balance_loss(terms), 0.01 * terms["aux"] + 0.001 * terms["z"])
+    terms = model.aux_losses()
+    assert list(terms) == ["router_aux", "router_z"]
+    torch.testing.assert_close(terms["router_aux"], 6 * (f * p.mean(0)).sum(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(terms["router_z"], scores.logsumexp(-1).square().mean(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(model.aux_loss(terms), 0.01 * terms["router_aux"] + 0.001 * terms["router_z"])
     # taken once: the model keeps no graph after the step's loss took it, and a copy of it can be made
-    assert model.balance_terms() == {} and copy.deepcopy(model) is not None
+    assert model.aux_losses() == {} and copy.deepcopy(model) is not None
     with torch.no_grad():  # a forward without gradients (eval, decode) adds no terms
         model(tokens)
-    assert model.balance_terms() == {}
+    assert model.aux_losses() == {}
     uniform = torch.full((6,), 1 / 6, dtype=torch.float64)
     assert 6 * (uniform * uniform).sum().item() == pytest.approx(1.0)  # the balanced value aux is read against
     dense = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, context_length=32))
     dense(tokens)
-    assert dense.balance_terms() == {} and dense.balance_loss({}) == 0.0 and dense.moe_layers() == {}
+    assert dense.aux_losses() == {} and dense.aux_loss({}) == 0.0 and dense.moe_layers() == {}
 
 
 def test_the_loss_free_bias_moves_each_expert_toward_the_mean_load_and_gets_no_gradient():
@@ -138,7 +140,7 @@ def test_the_loss_free_bias_moves_each_expert_toward_the_mean_load_and_gets_no_g
     counts = moe.step_counts.clone()
     assert counts.sum() == 4 * 16 * 2  # every token's 2 choices, counted in training
     assert moe.bias.grad is None and "bias" in moe.state_dict() and "step_counts" not in moe.state_dict()
-    model.update_router_biases(lambda c: c)
+    model.after_optimizer_step(lambda c: c)
     expected = 0.1 * torch.sign(counts.mean() - counts)
     torch.testing.assert_close(moe.bias, expected)
     assert (moe.step_counts == 0).all()  # the next step counts afresh

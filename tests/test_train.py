@@ -312,7 +312,7 @@ def test_bad_settings_fail_with_one_line(case, workdir, tiny):
 
 
 # an MoE with the loss-free bias: each rank counts its own batches' choices, so the ranks' biases stay equal only
-# if the counts are summed over the processes before each update (train.py, Transformer.update_router_biases)
+# if the counts are summed over the processes before each update (train.py, Transformer.after_optimizer_step)
 @pytest.mark.parametrize("model", [[], ["ffn=moe", "model.n_experts=8", "model.router=sigmoid",
                                         "model.router_bias_rate=0.01"]], ids=["dense", "moe"])
 def test_ddp_two_cpu_processes_end_with_identical_weights(workdir, tiny, tmp_path, model):

@@ -4,6 +4,7 @@ config.py       train.* range checks, gradient accumulation arithmetic, device a
 optim.py        AdamW or Muon + AdamW (optim=muon): the parameter groups (which decay, which Muon takes), the lr schedule
 muon.py         Muon: orthogonalised momentum for weight matrices, each matrix stacked in one weight on its own
 evaluate.py     the next-token loss; val loss, perplexity and bits per byte
+step.py         one step's forward and backward over its micro-batches: gradients, train_loss and the auxiliary losses
 state.py        resumable checkpoints (train_state.pt) and the per-step batch generator
 budget.py       train.time_budget: the duration, the reserve for the run's end (at most a quarter), the last step that fits
 horizon.py      the limits that end a run (train.max_steps, train.time_budget): each step's lr, the last step

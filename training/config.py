@@ -27,7 +27,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
-from model.config import ModelConfig, check_attention_choice
+from model.config import ModelConfig
 from settings import flatten
 from storage.checkpoint import CheckpointError, resolve_ckpt_dir, run_dir_of
 from training.budget import parse_duration
@@ -106,9 +106,7 @@ def model_config(cfg: DictConfig, vocab_size: int | None = None) -> ModelConfig:
     """The model of a composed config: its `model` node, with this vocab size (the tokenizer's), else the data
     settings' (data.vocab_size=null: the vocabulary rule picks it with the data, so a provisional one checks the rest)."""
     vocab = vocab_size or cfg.data.vocab_size or PROVISIONAL_VOCAB
-    settings = OmegaConf.to_container(cfg.model, resolve=True)
-    check_attention_choice(settings["attention"], settings["n_heads"], settings["n_kv_heads"], settings["kv_rank"])
-    return ModelConfig.from_dict({**settings, "vocab_size": vocab})
+    return ModelConfig.from_settings({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
 
 
 def autocast_for(device: torch.device) -> AbstractContextManager:

@@ -35,7 +35,8 @@ def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
             nats += next_token_loss(model, x, y).item() * y.numel()
             for layer, moe in model.moe_layers().items():  # each block's loads and entropy, weighted by tokens
                 load, entropy = routing.get(layer, (0, 0))
-                routing[layer] = (load + moe.last["load"] * y.numel(), entropy + moe.last["entropy"] * y.numel())
+                last = moe.last_routing()
+                routing[layer] = (load + last["load"] * y.numel(), entropy + last["entropy"] * y.numel())
     model.train()
     tokens = sum(y.numel() for _, y in batches)
     val_loss = nats / tokens
