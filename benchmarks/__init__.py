@@ -22,11 +22,11 @@ llama_tiny's context, the optimizer built as train.py builds it (training/optim.
     llama_tiny with one component switched to the GPT-2 configuration's: what that component costs.
 CPU runs fp32; --device cuda runs under bf16 autocast. One formula for every row:
     MFU = FLOPs per token * tokens/s / peak FLOP/s
-    FLOPs per token = 6 * N_matmul + 6 * L * T * d
-      N_matmul: the weights that multiply activations (every nn.Linear of this repo's model of that
-      configuration, the LM head included; the embedding lookup multiplies nothing). 2 FLOPs per
-      multiply-add, x3 for forward + backward. Attention: q k^T and att v each take T_keys * d
-      multiply-adds per token and layer; under the causal mask a token sees T_keys = T / 2 keys on
+    FLOPs per token = Transformer.flops_per_token(T, training=True), the model's own count of what runs
+      (model/transformer.py): every matmul of this repo's model of that configuration, the LM head included
+      (the embedding lookup multiplies nothing), a MoE's k routed and shared experts and its router, a window's
+      span; 2 FLOPs per multiply-add, x3 for forward + backward. Attention: q k^T and att v each take T_keys * d
+      multiply-adds per token and layer; under the causal mask a token sees T_keys = (T + 1) / 2 keys on
       average. (PaLM's convention counts all T: 12 L T d.)
     peak = the best n x n torch.matmul (n = 2048) of the run, timed between the training steps.
 Decode: greedy, 512 new tokens after a 16-token prompt, at batch 1 and 8; tokens/s = batch * 512 / the wall

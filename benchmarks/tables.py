@@ -19,8 +19,8 @@ TARGETS = {"train_vs_gpt2": 1.0, "train_vs_hf_llama": 1.2, "compiled_train_vs_gp
 
 def training_table(r: dict, settings: DictConfig, sizes: Sizes) -> str:
     header = (f"Training, {settings.train.batch_size} x {settings.model.context_length} tokens a step (fwd + bwd + "
-              f"AdamW). MFU = FLOPs per token x tokens/s / peak, FLOPs per token = 6 N_matmul + 6 L T d for every "
-              f"row, peak {r['peak_gflops']:.0f} GFLOP/s (the best {sizes.peak_n}^3 matmul)")
+              f"AdamW). MFU = FLOPs per token x tokens/s / peak, FLOPs per token = the model's flops_per_token "
+              f"(what runs, x3 for the backward) for every row, peak {r['peak_gflops']:.0f} GFLOP/s (the best {sizes.peak_n}^3 matmul)")
     return header + "\n\n" + speed_table(r["training"], "model", "llama_tiny", {
         "MFLOP/token": lambda row: f"{row['flops_per_token'] / 1e6:.1f}", "MFU": lambda row: f"{row['mfu']:.1%}"})
 

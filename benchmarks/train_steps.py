@@ -27,7 +27,7 @@ COMPILED = "llama_tiny, train.compile=true"
 @dataclass
 class Peer:
     """One row of a training table: a model, its loss of (inputs, targets) (train.py's next-token loss), the
-    model whose nn.Linear weights count its FLOPs, train.py's AdamW of the peer's train.* settings
+    model of this repo whose flops_per_token counts its FLOPs, train.py's AdamW of the peer's train.* settings
     (training/optim.py), and one batch of train.batch_size random sequences of the model's context."""
     model: nn.Module
     loss_of: Callable
@@ -64,12 +64,6 @@ def our_peer(settings: DictConfig, device: Device) -> Peer:
 
 def tokens_per_step(peers: dict[str, Peer]) -> dict[str, int]:
     return {name: p.tokens_per_step for name, p in peers.items()}
-
-
-def train_flops_per_token(model: Transformer) -> int:
-    cfg = model.cfg
-    n_matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    return 6 * n_matmul + 6 * cfg.n_layers * cfg.context_length * cfg.d_model
 
 
 # The training peers: this repo's own GPT-2 configuration of llama_tiny's sizes, and llama_tiny with one of its
@@ -121,7 +115,8 @@ def bench_training(peers: dict[str, Peer], sizes: Sizes, repeats: int, device: D
     peak = 2 * sizes.peak_n ** 3 / min(matmul_seconds)
     rows = speed_rows(seconds, tokens_per_step(peers), "llama_tiny")
     for name, row in rows.items():
-        row["flops_per_token"] = train_flops_per_token(peers[name].counted)
+        counted = peers[name].counted  # this repo's model of the peer's configuration: it counts what runs
+        row["flops_per_token"] = counted.flops_per_token(counted.cfg.context_length, training=True)
         row["mfu"] = row["flops_per_token"] * row["tokens_per_s"] / peak
     base, gpt2 = rows["llama_tiny"]["tokens_per_s"], rows["GPT-2 configuration"]["tokens_per_s"]
     results = {"training": rows, "peak_gflops": peak / 1e9, "peak_matmul_s": matmul_seconds,
