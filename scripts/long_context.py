@@ -14,7 +14,6 @@ Seeds 0, 1, 2 throughout. Each stage is one Hydra multirun (study/launch.py: eve
 the stage); everything after -- goes to it. The same command resumes: finished runs and evaluations are kept.
 """
 import argparse
-import json
 import statistics
 import sys
 from dataclasses import dataclass, field

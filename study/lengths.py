@@ -1,14 +1,13 @@
 """A length study's evaluations (scripts/long_context.py, scripts/window_lengths.py): every checkpoint scored by
-evaluate.py, one process each, its JSON kept so that the same command scores nothing twice; and the mean and std
+evaluate.py's work (insight/evaluation.py), its JSON kept so that the same command scores nothing twice; and the mean and std
 over seeds of each row, length and mode."""
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
+from cli import run_command
+from insight.evaluation import evaluate_and_write
 
-ROOT = Path(__file__).resolve().parents[1]  # the repo's root, where evaluate.py is
 SEEDS = (0, 1, 2)  # a length study's seeds
 MAX_TOKENS = 32768  # the val split's first tokens each evaluation scores
 
@@ -23,9 +22,9 @@ def evaluate_all(out: Path, eval_dir: Path, jobs: list[tuple[str, int, Path, lis
         file = eval_dir / ckpt.relative_to(out) / f"{row}-{'-'.join(flags[1::2][:2])}-{max_tokens}.json"
         if not file.exists():
             file.parent.mkdir(parents=True, exist_ok=True)
-            command = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt", str(ckpt), *flags,
-                       "--max-tokens", str(max_tokens), "--json", str(file), "--plot", str(file.with_suffix(".png"))]
-            if subprocess.run(command).returncode:
+            flags = ["--ckpt", str(ckpt), *flags, "--max-tokens", str(max_tokens), "--json", str(file),
+                     "--plot", str(file.with_suffix(".png"))]
+            if run_command(lambda: evaluate_and_write(flags)):
                 raise SystemExit(f"evaluate.py failed on {ckpt}")
         result = json.loads(file.read_text())
         rows += [{"row": row, "seed": seed, "rope_factor": result["rope_factor"], **r} for r in result["results"]]

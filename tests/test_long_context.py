@@ -6,7 +6,6 @@ import json
 import math
 import resource
 import signal
-import subprocess
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import evaluate
 import generate
+from study import lengths as length_study
 from data_helpers import metrics, run_train, summary, train_in_process
 from errors import ConfigError
 from insight.lengths import position_nats, run_val_split, score
@@ -271,7 +271,7 @@ def test_the_window_studys_lengths_pair_each_run_with_itself_and_resume(source_r
         bpb["local", 256, "sliding", 1] - bpb["local", 32, "chunked", 1], abs=1e-12)
     assert cost["full", 32, "chunked"] == {"row": "full", "length": 32, "mode": "chunked", "mean": 0.0, "std": 0.0}
     assert bpb["local", 256, "chunked", 0] != bpb["full", 256, "chunked", 0]  # the window is read from the run
-    monkeypatch.setattr(subprocess, "run", lambda command, **kwargs: pytest.fail(f"scored again: {command}"))
+    monkeypatch.setattr(length_study, "evaluate_and_write", lambda flags: pytest.fail(f"scored again: {flags}"))
     again = tmp_path / "again.json"
     window_lengths.main([str(study), "--json", str(again), "--max-tokens", "600"])
     assert json.loads(again.read_text()) == result

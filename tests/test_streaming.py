@@ -200,7 +200,7 @@ def test_evaluates_streaming_mode_asks_the_model_too():
     """evaluate.py --mode streaming: a model with full layers needs sink tokens; an all-local one streams in its own
     caches unless its positions refuse to run on (dynamic NTK), in one line each."""
     from errors import UsageError
-    from evaluate import check_streaming
+    from insight.evaluation import check_streaming
     check_streaming(model64(window=4), None)
     check_streaming(model64(), 2)
     with pytest.raises(UsageError, match=r"^--mode streaming needs --sink-tokens \(0: the window alone\)"):

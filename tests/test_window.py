@@ -5,7 +5,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from errors import ConfigError
 from model import ModelConfig, Transformer
