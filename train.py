@@ -48,7 +48,7 @@ from training.multirun import run_job
 from training.optim import make_optimizer, set_lr
 from training.run_lock import run_dir_lock
 from training.signals import StopRequest
-from training.state import RunCheckpoint, completed_line, run_start, step_generator, wants_resume
+from training.state import RunCheckpoint, continue_settings, run_start, step_generator, wants_resume
 from training.step import accumulate_gradients
 from training.tracking import Throughput, default_run_name, start_tracking, wandb_mode
 
@@ -66,7 +66,7 @@ def run(cfg: DictConfig) -> int:
     try:
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         cfg.train.resume = wants_resume(cfg.train.resume, run_dir)
-        if cfg.train.resume and (complete := completed_line(cfg, run_dir)):  # read only: the dir is left as it is
+        if cfg.train.resume and (complete := continue_settings(cfg, run_dir)):  # read only: the dir is left as it is
             print(complete, file=sys.stderr)
             return 0
         with ExitStack() as held:  # what the run holds until it ends: the run dir's lock, the progress bar
@@ -84,7 +84,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     stop = StopRequest()  # from here on a signal stops the run at a step (before the first, if it comes that early)
     if int(os.environ.get("RANK", 0)) == 0:  # the run dir is this run's alone (DDP's other ranks write nothing there)
         held.enter_context(run_dir_lock(run_dir))  # a run refused before it writes leaves no dir (run_lock.py)
-    start = run_start(cfg, run_dir)  # a resumed run's own settings, or those of the run whose weights it starts from
+    start = run_start(cfg, run_dir)  # the checkpoint it resumes, or the run whose weights (and settings) it starts from
 
     # -------- settings: everything that can be checked without data fails here, in a second
     setup_clock = time.perf_counter()

@@ -27,7 +27,7 @@ what Hydra hands each job, never from the launching process's memory or its sys.
   process killed with SIGKILL) gets SIGTERM, so no job outlives the command that started it.
 - The same command again continues the multirun: train.resume=null, the default, is `auto` for a job
   (resume where its dir holds a checkpoint, start where none is); a job that had finished says so and writes
-  nothing (training/state.py's completed_line), so its files stay byte for byte.
+  nothing (training/state.py's continue_settings), so its files stay byte for byte.
 - No process outlives the command: a job's training process dies with its starter (the kernel's parent-death
   signal), and a worker that runs starters for the launching process (joblib's loky workers, a submitit job's
   process) ends once that process is gone and its job has saved (exit_when_orphaned).

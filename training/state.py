@@ -9,7 +9,6 @@ from a generator seeded by (train.seed, rank, step) (step_generator below), so t
 the scheduler state and the data position. The torch RNG states cover dropout. Everything in the file is
 tensors and plain Python values, read back with torch.load(weights_only=True): no pickle.
 """
-import copy
 import io
 import math
 import os
@@ -66,20 +65,21 @@ def wants_resume(resume: bool | str | None, run_dir: Path) -> bool:
     return bool(resume)
 
 
-def completed_line(cfg: DictConfig, run_dir: Path) -> str | None:
-    """train.resume on a run whose last session completed (summary.json's stop_reason) and whose limits, with what
-    this command line changes of them, it has reached: the line that says so, for a command that then writes
-    nothing (a complete record is final: a rerun of a finished multirun leaves its jobs' files as they are). None
-    where there is training left to do, or no complete run."""
+def continue_settings(cfg: DictConfig, run_dir: Path) -> str | None:
+    """train.resume, read before anything is written: cfg becomes the run's own settings, with what the command line
+    may change of them (resume_settings; the changes named on one notice line). A run whose last session completed
+    (summary.json's stop_reason) and that has reached its limits as they are now has nothing left to train: the line
+    that says so, for a command that then writes nothing (a complete record is final: a rerun of a finished multirun
+    leaves its jobs' files as they are). None where the run goes on."""
+    changed = resume_settings(cfg, run_dir)
     summary = read_summary(run_dir)
-    if summary.get("stop_reason") != "completed" or not wants_resume("auto", run_dir):
-        return None
-    settings = copy.deepcopy(cfg)
-    resume_settings(settings, run_dir)
-    if not limits_reached(settings.train, summary):
-        return None
-    return (f"{run_dir} is complete: {summary['steps']:,} steps, ended by train.{summary['ended_by']}; nothing to do "
-            f"(to train it further, raise train.max_steps or train.time_budget)")
+    if summary.get("stop_reason") == "completed" and wants_resume("auto", run_dir) and \
+            limits_reached(cfg.train, summary):
+        return (f"{run_dir} is complete: {summary['steps']:,} steps, ended by train.{summary['ended_by']}; nothing "
+                f"to do (to train it further, raise train.max_steps or train.time_budget)")
+    if changed and int(os.environ.get("RANK", 0)) == 0:
+        print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
+    return None
 
 
 def limits_reached(train: DictConfig, summary: dict) -> bool:
@@ -160,15 +160,12 @@ class Start:
 
 
 def run_start(cfg: DictConfig, run_dir: Path) -> Start:
-    """Where the run starts, and the settings that come with it, set in cfg: a resumed run's own (its config.yaml, with
-    what the command line may change of them), or the model and data of the run train.init_from names, which the run
-    then records by its resolved path (so that its config.yaml never names a link that moves, as outputs/latest
-    does: to this very run once it starts)."""
+    """Where the run starts: the checkpoint a resumed run continues (its settings set by continue_settings), or the
+    run train.init_from names, whose model and data settings are set in cfg and which the run then records by its
+    resolved path (so that its config.yaml never names a link that moves, as outputs/latest does: to this very run
+    once it starts)."""
     resume_from = checkpoint_to_resume(run_dir, cfg.train.resume)
-    if resume_from is not None:
-        changed = resume_settings(cfg, run_dir)
-        if changed and int(os.environ.get("RANK", 0)) == 0:
-            print(f"notice: resuming {run_dir} with its own settings, and {', '.join(changed)}")
+    if resume_from is not None:  # its settings are already the run's own (continue_settings)
         return Start(resume_from=resume_from)
     if not cfg.train.init_from:
         return Start()
