@@ -32,6 +32,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from tqdm import tqdm
 
+from cli import run_command
 from data import eval_batches, get_batch, prepare_data
 from errors import UsageError
 from generation.engine import Engine
@@ -63,20 +64,19 @@ def main(cfg: DictConfig) -> int | None:
 
 def run(cfg: DictConfig) -> int:
     """The run's exit code; a bad setting, data or checkpoint, and a write that fails, are one `error:` line."""
+    return run_command(lambda: run_in_its_dir(cfg, Path(HydraConfig.get().runtime.output_dir)))
+
+
+def run_in_its_dir(cfg: DictConfig, run_dir: Path) -> int:
     try:
-        run_dir = Path(HydraConfig.get().runtime.output_dir)
         cfg.train.resume = wants_resume(cfg.train.resume, run_dir)
         if cfg.train.resume and (complete := continue_settings(cfg, run_dir)):  # read only: the dir is left as it is
             print(complete, file=sys.stderr)
             return 0
         with ExitStack() as held:  # what the run holds until it ends: the run dir's lock, the progress bar
             return train(cfg, held)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
     except OSError as e:  # a full disk, a read-only or forbidden path: the previous checkpoint is intact
-        print(f"error: cannot write {e.filename or HydraConfig.get().runtime.output_dir}: {e.strerror or e}",
-              file=sys.stderr)
-    return 2
+        raise UsageError(f"cannot write {e.filename or run_dir}: {e.strerror or e}") from None
 
 
 def train(cfg: DictConfig, held: ExitStack) -> int:

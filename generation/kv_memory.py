@@ -22,7 +22,7 @@ import json
 import sys
 from pathlib import Path
 
-from cli import Parser
+from cli import Parser, run_command
 from errors import UsageError
 from interop.hf import hf_head_dim, hf_layer_types
 from interop.load import load_model
@@ -175,12 +175,7 @@ def estimate(argv: list[str] | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        print(estimate(argv))
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(lambda: print(estimate(argv)))
 
 
 if __name__ == "__main__":
