@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-SAMPLE_S = 0.1
+SAMPLE_S = 0.5  # a few ms a sample: every process the tests care about lives for seconds
 GRACE_S = 30  # how long a process may take to end once what started it is gone (issue: "a bounded time")
 
 

@@ -2,6 +2,7 @@
 
 import re
 from dataclasses import fields
+from types import SimpleNamespace
 
 import pytest
 from hydra.errors import MissingConfigException
@@ -9,8 +10,10 @@ from omegaconf import OmegaConf
 
 from errors import ConfigError
 from model import ModelConfig, Transformer
-from settings import compose_config, sample_jobs
+from settings import CONFIG_DIR, compose_config, sample_jobs
 from training.config import model_config
+from training.state import Progress
+from training.tracking import end_of_run_line
 
 MODERN = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa", "ffn": "swiglu"}
 CLASSIC = {"norm": "layernorm", "norm_position": "post", "position": "sinusoidal", "attention": "mha", "ffn": "relu"}
@@ -207,3 +210,19 @@ def test_a_multiruns_check_composes_every_value_of_every_swept_key_once():
     assert jobs == [["train.lr=0.001", "+point=a/b", "train.seed=0", "x=1"],
                     ["train.lr=abc", "+point=c", "train.seed=0", "x=2"]]
     assert sample_jobs([]) == [[]]
+
+
+PRESETS = sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_preset_compares_its_speed_against_its_own_measured_rate(preset):
+    """The closing line's reference (train.reference_tokens_per_s) is set in the preset's own file, from its run on
+    an idle 2-core machine (docs/training.md), and the line names the model it was measured for."""
+    own = OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml").train.reference_tokens_per_s
+    cfg = compose_config([f"model={preset}"])
+    assert own > 0 and cfg.train.reference_tokens_per_s == own and cfg.model.name == preset
+    meter = SimpleNamespace(session_rate=own / 2)
+    line = end_of_run_line(preset, Progress(step=10, tokens=20480, elapsed_s=1.0), meter, own, cfg.model.name)
+    assert line.endswith(f", {own / 2:,.0f} tokens/s (50% of train.reference_tokens_per_s={own:,.0f}, {preset}'s "
+                         f"rate on an idle 2-core CPU machine)")

@@ -147,9 +147,11 @@ class Throughput:
                 "session_start_step": self.start_step}
 
 
-def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per_s: float | None) -> str:
-    """How much the run trained, to what val bpb (its last eval's), and its speed against the reference: a time
-    budget is wall-clock, so a busy or slower machine buys fewer steps with it."""
+def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per_s: float | None,
+                    measured_for: str) -> str:
+    """How much the run trained, to what val bpb (its last eval's), and its speed against the reference, which was
+    measured for the model named measured_for (model.name: each preset sets its own): a time budget is wall-clock,
+    so a busy or slower machine buys fewer steps with it."""
     bpb = progress.last_val.get("val_bpb")
     line = (f"{name}: done: " + (f"val bpb {bpb:.4f} after " if bpb is not None else "")
             + f"{progress.step:,} steps, {progress.tokens / 1e6:.2f} M tokens in {progress.elapsed_s:.1f} s of training")
@@ -158,7 +160,7 @@ def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per
         line += f", {rate:,.0f} tokens/s"
         if reference_tokens_per_s:
             line += (f" ({rate / reference_tokens_per_s:.0%} of train.reference_tokens_per_s="
-                     f"{reference_tokens_per_s:,.0f}, the preset's rate on an idle 2-core CPU machine)")
+                     f"{reference_tokens_per_s:,.0f}, {measured_for}'s rate on an idle 2-core CPU machine)")
     return line
 
 
@@ -166,7 +168,7 @@ class Tracker:
     def __init__(self, run_dir: Path, wandb_dir: Path, cfg: DictConfig, mode: str, name: str, group: str | None,
                  wandb_id: str, summary: dict, resume_step: int | None):
         self.run_dir, self.name, self.summary = run_dir, name, summary
-        self.reference_tokens_per_s = cfg.train.reference_tokens_per_s
+        self.reference_tokens_per_s, self.model_name = cfg.train.reference_tokens_per_s, cfg.model.name
         # a resumed run's last session's throughput, kept where this session trains no step
         before = read_summary(run_dir) if resume_step is not None else {}
         self.session_before = {key: before[key] for key in SESSION_KEYS if before.get(key) is not None}
@@ -222,7 +224,8 @@ class Tracker:
             self.wandb_run.log({}, commit=True)
             self.wandb_run.summary.update(final)
             self.wandb_run.finish()
-        print(early_line or end_of_run_line(self.name, progress, meter, self.reference_tokens_per_s), file=sys.stderr)
+        print(early_line or end_of_run_line(self.name, progress, meter, self.reference_tokens_per_s, self.model_name),
+              file=sys.stderr)
         if "over_budget_s" in horizon:
             costs, budget = horizon["end_costs_s"], horizon["time_budget_s"]
             print(f"notice: the run's end ({', '.join(f'{what} {s:.1f} s' for what, s in costs.items())}) went "
