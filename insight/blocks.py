@@ -22,9 +22,6 @@ from training.diagnostics import layer_stats
 STREAM_STATS = ("stream_rms", "attn_ratio", "ffn_ratio", "position_cos", "grad_norm")
 NEAR_ZERO = 0.1  # of the layer's activation rms: a unit a tenth as loud as a typical one passes little
 HISTOGRAM_BINS = 60
-ACTIVATION_NAMES = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)",
-                    "relu2": "relu(x·W1)², the hidden activation",
-                    "moe": "silu(x·W1_e), each expert's gate on its tokens"}
 
 
 def residual_stream(model: Transformer, tokens: torch.Tensor) -> dict:
@@ -55,7 +52,8 @@ def ffn_activations(model: Transformer, tokens: torch.Tensor) -> dict:
     # were data); the density stays a share of every activation
     counts = torch.histc(every, HISTOGRAM_BINS, low, high)
     width = (high - low) / HISTOGRAM_BINS
-    return {"kind": model.cfg.ffn,
+    # the activation the model's FFN kind reads (its last block's: past an MoE's dense first blocks)
+    return {"kind": model.cfg.ffn, "activation": model.blocks[-1].ffn.hidden_activation,
             "zero": [(a == 0).float().mean().item() for a in found],
             "near_zero": [(a.abs() < NEAR_ZERO * a.pow(2).mean().sqrt()).float().mean().item() for a in found],
             "edges": torch.linspace(low, high, HISTOGRAM_BINS + 1).tolist(),

@@ -8,7 +8,6 @@ import io
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
 
-from insight.blocks import ACTIVATION_NAMES
 
 DPI = 100
 TOKEN_LABELS_UP_TO = 48  # more tokens than this on an axis and every label would overlap its neighbours
@@ -199,7 +198,7 @@ def ffn(report: dict) -> Figure:
         density.stairs(f["density"], f["edges"], color=colour(i))
         smallest, largest = f["range"]
         density.set(xlabel="activation a (between its 0.1% and 99.9% quantiles)", yscale="log",
-                    title=f"{ckpt['label']}\n{ACTIVATION_NAMES[f['kind']]}")
+                    title=f"{ckpt['label']}\n{f['activation']}")
         # the cut tail is not in the bins; say how much of it there is and how far it reaches
         density.annotate(f"{f['beyond']:.2%} beyond the axis\nall within [{smallest:.3g}, {largest:.3g}]",
                          (0.97, 0.97), xycoords="axes fraction", ha="right", va="top", fontsize=8)

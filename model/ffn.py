@@ -21,6 +21,9 @@ def relu_squared(x: torch.Tensor) -> torch.Tensor:
 
 
 ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu, "relu2": relu_squared}
+# what hidden_activations reads, as the report's figure names it
+HIDDEN_ACTIVATIONS = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)",
+                      "relu2": "relu(x·W1)², the hidden activation"}
 
 
 def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:
@@ -48,6 +51,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.gated = kind == "swiglu"
         self.activation = ACTIVATIONS[kind]
+        self.hidden_activation = HIDDEN_ACTIVATIONS[kind]  # what hidden_activations reads, named
         # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split (stacked_rows: as in attention.py).
         self.w_in = nn.Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
         self.w_in.stacked_rows = (2 if self.gated else 1) * [d_ff]

@@ -66,6 +66,8 @@ class Routing(NamedTuple):
 
 
 class MoE(nn.Module):
+    hidden_activation = "silu(x·W1_e), each expert's gate on its tokens"  # what hidden_activations reads, named
+
     @classmethod
     def validate(cls, cfg) -> None:
         """The rules of its settings (SETTINGS): a ConfigError naming the first one broken."""

@@ -249,7 +249,7 @@ def test_relu2_fractions_are_direct_counts_and_its_tail_stays_out_of_the_bins():
         hook.remove()
     with torch.no_grad():
         hidden = [block.ffn.w_in(x) for block, x in zip(model.blocks, ffn_inputs)]  # x·W1, as the model rounds it
-    assert activations["kind"] == "relu2"
+    assert (activations["kind"], activations["activation"]) == ("relu2", "relu(x·W1)², the hidden activation")
     assert activations["zero"] == [(h <= 0).float().mean().item() for h in hidden]  # relu(h)² = 0 iff h <= 0
     squares = [F.relu(h).square() for h in hidden]
     assert activations["near_zero"] == pytest.approx(
