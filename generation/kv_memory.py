@@ -27,7 +27,7 @@ from errors import UsageError
 from interop.hf import hf_head_dim, hf_layer_types
 from interop.load import load_model
 from model.attention import Attention
-from model.block import ATTENTIONS, attention_class
+from model.block import ATTENTION_KINDS, attention_class
 from model.kv_cache import PerPosition, positions_held
 from model.mla import LatentAttention
 from storage.checkpoint import CheckpointError
@@ -99,14 +99,14 @@ def flag(key: str) -> str:
 
 def chosen_kind(dims: dict) -> PerPosition:
     """The cache of the widths given: a kind other than the first (K/V heads) where one of the widths it needs is."""
-    kinds = [kind.PER_POSITION for kind in ATTENTIONS]
+    kinds = [kind.PER_POSITION for kind in ATTENTION_KINDS]
     return next((kind for kind in kinds[1:] if any(dims[field.name] is not None for field in kind.fields
                                                    if field.default is None)), kinds[0])
 
 
 def estimate(argv: list[str] | None = None) -> str:
     """The estimator's report for command-line flags argv; raises UsageError on bad input."""
-    kinds = [kind.PER_POSITION for kind in ATTENTIONS]
+    kinds = [kind.PER_POSITION for kind in ATTENTION_KINDS]
     fields = [field for kind in kinds for field in kind.fields]
     parser = Parser(prog="python -m generation.kv_memory", description=(
         "KV-cache bytes = layers x seq x batch x bytes_per_element x what one position costs in a layer: "

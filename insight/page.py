@@ -9,7 +9,7 @@ import html
 import json
 
 from insight.blocks import NEAR_ZERO, STREAM_STATS
-from model.block import ATTENTIONS
+from model.block import ATTENTION_KINDS
 
 # (id, title, what it shows and the chapter's point it measures, its figures' name prefixes, its tables)
 SECTIONS = [
@@ -79,7 +79,7 @@ SECTIONS = [
      ("experts",), ("experts",)),
 ]
 
-CACHE_KINDS = [kind.PER_POSITION for kind in ATTENTIONS]  # what one position costs in a layer, by attention kind
+CACHE_KINDS = [kind.PER_POSITION for kind in ATTENTION_KINDS]  # what one position costs in a layer, by attention kind
 ESTIMATOR_FIELDS = (("layers", "layers L"), *((field.name, field.label) for kind in CACHE_KINDS for field in kind.fields),
                     ("seq", "sequence length S"), ("batch", "batch"), ("window", "window W (0: none)"),
                     ("local_layers", "local layers L_w"))

@@ -24,7 +24,8 @@ from model.positions import Rotary
 # MQA are one class, Attention) and by model.ffn (SwiGLU, ReLU, GELU and ReLU² are FeedForward).
 ATTENTION_CLASSES = {"mla": LatentAttention}
 FFN_CLASSES = {"moe": MoE}
-ATTENTIONS = (Attention, LatentAttention)  # the attention kinds, the first the default of the estimators
+ATTENTION_KINDS = (Attention, *ATTENTION_CLASSES.values())  # the first: the estimators' default
+FFN_KINDS = (FeedForward, *FFN_CLASSES.values())
 
 
 def attention_class(cfg) -> type[Attention] | type[LatentAttention]:
@@ -43,7 +44,7 @@ def validate_kinds(cfg) -> None:
     """Each kind's rules for its own settings (ModelConfig.validate calls this): the chosen attention's and FFN's
     validate, and each other kind's refuse_settings, so that no setting of a kind not chosen does nothing silently."""
     chosen = (attention_class(cfg), ffn_class(cfg))
-    for kind in (LatentAttention, Attention, MoE, FeedForward):
+    for kind in (*reversed(ATTENTION_KINDS), *reversed(FFN_KINDS)):  # the special kinds first
         if kind in chosen:
             kind.validate(cfg)
         else:
