@@ -16,6 +16,7 @@ from errors import UsageError
 from settings import compose_config
 from training.multirun import RECORDS, die_with_parent, how_it_ended
 from training.run_lock import dir_lock
+from training.tracking import read_summary
 
 
 ROOT = Path(__file__).resolve().parents[1]  # the repo's root, where train.py is
@@ -25,10 +26,7 @@ PLACEMENT = ("ablation", "hydra.sweep.dir", "hydra.sweep.subdir", "hydra.searchp
 
 def finished(run_dir: Path) -> dict | None:
     """The summary of a run that ended by itself (completed or diverged), else None."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    summary = read_summary(run_dir)
     reason = summary.get("stop_reason", "")
     return summary if reason == "completed" or reason.startswith("diverged") else None
 
