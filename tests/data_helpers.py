@@ -93,32 +93,78 @@ def run_train(run_dir: Path, *overrides: str, command=None, **kwargs) -> subproc
     return run_script(ROOT / "train.py", *overrides, f"hydra.run.dir={run_dir}", **kwargs)
 
 
-def run_script(script: Path, *args: str, preexec_fn=None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python <script> <args>` in ROOT with TRAIN_ENV, as subprocess.run(capture_output=True, text=True) gives it,
-    run by a fork of this process: the script's own code runs as __main__ in a process of its own (its signals,
-    its exit, its state are its own), without the ~4 s a new interpreter spends importing torch and Hydra.
-    preexec_fn runs in the fork before the script, as Popen's does; a resource limit it sets binds the captured
-    stdout and stderr too, as they are files here."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+def run_script(script: Path, *args: str, preexec_fn=None, timeout: float = 300, env: dict | None = None
+               ) -> subprocess.CompletedProcess:
+    """`python <script> <args>` in ROOT with TRAIN_ENV (and env's changes), as subprocess.run(capture_output=True,
+    text=True) gives it, run by a fork of this process (start_script), until it ends."""
+    started = start_script(script, *args, preexec_fn=preexec_fn, env=env)
+    try:
+        out, err = started.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        started.kill()
+        started.wait()
+        raise
+    return subprocess.CompletedProcess(started.args, started.returncode, out, err)
+
+
+def start_script(script: Path, *args: str, preexec_fn=None, new_session: bool = False, env: dict | None = None
+                 ) -> "ForkedScript":
+    """`python <script> <args>` started as subprocess.Popen(stdout=PIPE, stderr=PIPE, text=True) starts it, run by a
+    fork of this process: the script's own code runs as __main__ in a process of its own (its signals, its exit, its
+    state are its own), without the ~4 s a new interpreter spends importing torch and Hydra. preexec_fn runs in the
+    fork before the script, as Popen's does; a resource limit it sets binds the captured stdout and stderr too, as
+    they are files here. new_session: the fork leads a process group of its own (Popen's start_new_session)."""
+    return ForkedScript(script, args, preexec_fn, new_session, env or {})
+
+
+class ForkedScript:
+    """What start_script started: Popen's pid, poll, wait, send_signal, kill, communicate and returncode."""
+
+    def __init__(self, script: Path, args, preexec_fn, new_session: bool, env: dict):
+        self.args, self.returncode = [str(script), *args], None
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
         sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
-        pid = os.fork()
-        if pid == 0:
-            os._exit(run_as_main(script, args, out.fileno(), err.fileno(), preexec_fn))
-        deadline = time.monotonic() + timeout
-        while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                out.seek(0), err.seek(0)
-                raise subprocess.TimeoutExpired([str(script), *args], timeout, out.read(), err.read())
+        self.pid = os.fork()
+        if self.pid == 0:
+            if new_session:
+                os.setsid()
+            os._exit(run_as_main(script, args, self._out.fileno(), self._err.fileno(), preexec_fn, env))
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
             time.sleep(0.01)
-        out.seek(0), err.seek(0)
-        return subprocess.CompletedProcess([str(script), *args], os.waitstatus_to_exitcode(ended[1]),
-                                           out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Waits for the end, then (stdout, stderr)."""
+        self.wait(timeout)
+        return tuple(self._read(f) for f in (self._out, self._err))
+
+    @staticmethod
+    def _read(file) -> str:
+        file.seek(0)
+        return file.read().decode(errors="replace")
 
 
-def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn) -> int:
-    """In run_script's fork: what `python <script> <args>` does from its first line, its exit code as the
+def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn, env: dict) -> int:
+    """In start_script's fork: what `python <script> <args>` does from its first line, its exit code as the
     interpreter would give it. It ends with os._exit, never returning into pytest's code."""
     code = 1
     try:
@@ -127,7 +173,7 @@ def run_as_main(script: Path, args, out_fd: int, err_fd: int, preexec_fn) -> int
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
         os.chdir(ROOT)
         os.environ.clear()
-        os.environ.update(TRAIN_ENV)
+        os.environ.update(TRAIN_ENV, **env)
         # pytest's warning capture would keep the script's warnings in this fork's memory: print them to its stderr
         # (pytest's filters still choose which)
         warnings.showwarning = warnings._showwarning_orig

@@ -5,7 +5,6 @@ import json
 import math
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,13 +17,13 @@ from benchmarks.against import OtherTree, against_peers, against_tables, bench_a
 from benchmarks.sizes import LONG_FACTOR, full_sizes, long_sizes, quick_sizes
 from benchmarks.timing import Device, speed_rows, speed_table
 from benchmarks.train_steps import COMPILED, Peer, ablation_peers, tokens_per_step, training_peers
+from data_helpers import ROOT, run_script
 from errors import UsageError
 from model import Transformer
 from model.mla import LatentAttention
 from settings import ablation_variants
 from training.config import model_config
 
-ROOT = Path(__file__).resolve().parents[1]
 THROUGHPUTS = ["decode_tokens_per_s", "hf_decode_tokens_per_s", "decode_b2_tokens_per_s", "hf_decode_b2_tokens_per_s",
                "nocache_decode_tokens_per_s", "prefill_tokens_per_s", "hf_prefill_tokens_per_s", "peak_gflops",
                "memory_bandwidth_gb_per_s"]
@@ -39,8 +38,8 @@ def test_quick_run_writes_every_figure(tmp_path):
     compiling three graphs took longer than the rest of this test; a full bench.py run compiles them."""
     out, png = tmp_path / "bench.json", tmp_path / "decode.png"
     # One thread: on a shared 2-core machine two OpenMP threads per process stall each other for seconds.
-    proc = subprocess.run([sys.executable, "bench.py", "--quick", "--no-compile", "--threads", "1", "--repeats", "1",
-                           "--json", str(out), "--plot", str(png)], cwd=ROOT, capture_output=True, text=True)
+    proc = run_script(ROOT / "bench.py", "--quick", "--no-compile", "--threads", "1", "--repeats", "1",
+                      "--json", str(out), "--plot", str(png))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
 
@@ -159,8 +158,8 @@ def test_speed_rows_run_one_way():
 
 def test_ablation_mode_times_every_variant_against_the_baseline(tmp_path):
     out = tmp_path / "speed.json"
-    proc = subprocess.run([sys.executable, "bench.py", "--ablation", "--quick", "--threads", "1", "--repeats", "1",
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+    proc = run_script(ROOT / "bench.py", "--ablation", "--quick", "--threads", "1", "--repeats", "1",
+                      "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     speeds = json.loads(out.read_text())
     assert list(speeds) == ablation_variants()

@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from tqdm import tqdm
 
 import compare
-from data_helpers import ROOT, TRAIN, TRAIN_ENV, hashes, run_script, summary
+from data_helpers import ROOT, TRAIN_ENV, hashes, run_script, start_script, summary
 from settings import compose_config
 from study.runs import find_run_dirs, load_run
 from training.multirun import RECORDS, run_job
@@ -113,24 +113,24 @@ def test_a_launcher_keeps_every_job_and_a_failed_one_fails_the_multirun(workdir,
     """The jobs run in other processes (joblib's workers; submitit's, as on a SLURM node): each names its own dir
     from the multirun's swept keys, and each records its end where the launching process reads it."""
     sweep = workdir / launcher[0].split("=")[1] / "sweep"
-    done = multirun(sweep.parent, tiny, *launcher, "train.threads=1", "train.lr=1e-3,2e-3,-1", "wandb.mode=offline")
+    jobs = ["train.threads=1", "train.lr=1e-3,-1", "wandb.mode=offline"]  # one job trains, the other fails
+    done = multirun(sweep.parent, tiny, *launcher, *jobs)
     assert done.returncode == 1
-    assert done.stderr.strip().splitlines()[-1] == f"error: 1 of 3 jobs failed: {sweep / 'train.lr=-1'} (exit 2)"
-    for lr in ("0.001", "0.002"):
-        assert summary(sweep / f"train.lr={lr}")["stop_reason"] == "completed"
-        assert f"lr: {lr}\n" in (sweep / f"train.lr={lr}" / "config.yaml").read_text()  # its own job's settings
-    # both runs' W&B files in the sweep's wandb dir, where `wandb leet <sweep>/wandb` browses them side by side
+    assert done.stderr.strip().splitlines()[-1] == f"error: 1 of 2 jobs failed: {sweep / 'train.lr=-1'} (exit 2)"
+    trained = sweep / "train.lr=0.001"
+    assert summary(trained)["stop_reason"] == "completed"
+    assert "lr: 0.001\n" in (trained / "config.yaml").read_text()  # its own job's settings
+    # its W&B files in the sweep's wandb dir, where `wandb leet <sweep>/wandb` browses a sweep's runs side by side
     logged = [json.loads(subprocess.run([str(Path(sys.executable).parent / "wandb"), "leet", "inspect", "--summary",
                                          "--json", str(run)], capture_output=True, text=True, timeout=120).stdout)
               for run in (sweep / "wandb").glob("offline-run-*")]
-    assert sorted(run["summary"]["val_bpb"] for run in logged) == sorted(
-        summary(sweep / f"train.lr={lr}")["val_bpb"] for lr in ("0.001", "0.002"))
-    # the same command again: the finished jobs' files stay byte for byte, the failed one runs (and fails) again
-    finished = {lr: hashes(sweep / f"train.lr={lr}") for lr in ("0.001", "0.002")}
-    again = multirun(sweep.parent, tiny, *launcher, "train.threads=1", "train.lr=1e-3,2e-3,-1", "wandb.mode=offline")
+    assert [run["summary"]["val_bpb"] for run in logged] == [summary(trained)["val_bpb"]]
+    # the same command again: the finished job's files stay byte for byte, the failed one runs (and fails) again
+    finished = hashes(trained)
+    again = multirun(sweep.parent, tiny, *launcher, *jobs)
     assert again.returncode == 1
     assert again.stderr.strip().splitlines()[-1] == done.stderr.strip().splitlines()[-1]
-    assert {lr: hashes(sweep / f"train.lr={lr}") for lr in ("0.001", "0.002")} == finished
+    assert hashes(trained) == finished
 
 
 def test_a_sweep_dir_in_use_by_another_multirun_is_one_line(workdir, tiny):
@@ -161,7 +161,7 @@ def test_an_unknown_or_missing_launcher_is_one_line_before_any_job(workdir, tiny
     assert not sweep.exists()
 
 
-def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for(condition, what: str, process, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert process.poll() is None, f"the multirun ended (exit {process.returncode}) before {what}"
@@ -191,10 +191,9 @@ def test_a_killed_job_costs_itself_alone_and_a_signal_stops_every_job_once(workd
     running job saves and stops, no job starts, none outlives the command, whose last line names each job's end."""
     sweep = workdir / f"stopped-{launcher[0].split('=')[1] if launcher else 'basic'}" / "sweep"
     data = [o for o in tiny if o.startswith("data")]
-    command = [*TRAIN, "-m", *data, *SWEEP_SETTINGS, *launcher, *STOPPABLE, f"hydra.sweep.dir={sweep}"]
+    command = ["-m", *data, *SWEEP_SETTINGS, *launcher, *STOPPABLE, f"hydra.sweep.dir={sweep}"]
     jobs = [sweep / f"train.seed={seed}" for seed in range(3)]
-    started = subprocess.Popen(command, cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
+    started = start_script(ROOT / "train.py", *command, new_session=True)
     try:
         training = lambda: [job for job in jobs if (job / "metrics.jsonl").is_file()]  # noqa: E731
         wait_for(training, "job training", started)
@@ -218,8 +217,7 @@ def test_a_killed_job_costs_itself_alone_and_a_signal_stops_every_job_once(workd
             saved = summary(job)
             assert saved["stop_reason"] == name and (job / "ckpt" / "config.json").is_file()
     if not launcher:  # the same command again, with an end in sight: the stopped and killed jobs resume, the rest start
-        again = subprocess.run([*command, "train.max_steps=12"], cwd=ROOT, env=TRAIN_ENV, capture_output=True,
-                               text=True, timeout=300)
+        again = run_script(ROOT / "train.py", *command, "train.max_steps=12")
         assert again.returncode == 0, again.stderr[-3000:]
         assert all(summary(job)["stop_reason"] == "completed" for job in jobs)
         resumed = [job for job in jobs if f"{job} | resumed at step" in again.stdout]
@@ -233,10 +231,8 @@ def test_a_launching_process_killed_outright_leaves_no_process_running(workdir, 
     before = set(descendants.seen)
     sweep = workdir / "orphans" / "sweep"
     data = [o for o in tiny if o.startswith("data")]
-    started = subprocess.Popen([*TRAIN, "-m", *data, *SWEEP_SETTINGS, "hydra/launcher=joblib",
-                                "hydra.launcher.n_jobs=2", *STOPPABLE, f"hydra.sweep.dir={sweep}"],
-                               cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               start_new_session=True)
+    started = start_script(ROOT / "train.py", "-m", *data, *SWEEP_SETTINGS, "hydra/launcher=joblib",
+                           "hydra.launcher.n_jobs=2", *STOPPABLE, f"hydra.sweep.dir={sweep}", new_session=True)
     jobs = [sweep / f"train.seed={seed}" for seed in range(2)]
     try:
         wait_for(lambda: all((job / "metrics.jsonl").is_file() for job in jobs), "two jobs training", started)

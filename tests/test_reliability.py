@@ -24,13 +24,12 @@ from safetensors.torch import load, save
 import export
 import generate
 from data.tokenizer import train_tokenizer
-from data_helpers import TRAIN, TRAIN_ENV, hashes, metrics, run_train as train, summary, train_in_process
+from data_helpers import ROOT, hashes, metrics, run_train as train, start_script, summary, train_in_process
 from interop.load import load_model
 from storage.checkpoint import CheckpointError, check_vocab, load_checkpoint, read_checkpoint, save_checkpoint
 from storage.files import atomic_write, write_bytes, write_json
 from training.state import limits_reached
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def last_error(stderr: str) -> str:
@@ -144,8 +143,7 @@ def test_a_refused_run_leaves_the_latest_link_where_it_was(trained, copy, workdi
 
 def test_two_runs_on_one_run_dir(workdir, tiny):
     run_dir = workdir / "shared"
-    first = subprocess.Popen([*TRAIN, *tiny, "train.max_steps=100000", f"hydra.run.dir={run_dir}"], cwd=ROOT,
-                             env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = start_script(ROOT / "train.py", *tiny, "train.max_steps=100000", f"hydra.run.dir={run_dir}")
     deadline = time.monotonic() + 120
     while not (run_dir / "metrics.jsonl").exists():  # the first run holds the dir and has started writing
         assert first.poll() is None and time.monotonic() < deadline, first.communicate()

@@ -7,8 +7,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from matplotlib.image import imread
 
 import compare
 import sweep
-from data_helpers import ROOT, TRAIN_ENV, write_corpus
+from data_helpers import ROOT, run_script, start_script, write_corpus
 from study.launch import check_overrides
 from study.lr_study import Point
 from training.multirun import RECORDS
@@ -150,23 +148,20 @@ def test_a_study_dir_in_use_is_one_line(tmp_path, capsys):
         f"error: --out {tmp_path} is in use by another study (pid {os.getpid()}); wait for it to end"]
 
 
-def like_a_terminals_foreground_job() -> None:
-    """Ctrl-C's default disposition, unblocked, in the child: Python turns SIGINT into KeyboardInterrupt only where
-    its parent left it at the default, and a test worker's may not be (this test once saw the study exit 0)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+def unblocked_sigint() -> None:
+    """Ctrl-C unblocked in the study's process, whatever mask the test worker that forks it has."""
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tmp_path):
     out = tmp_path / "study"
-    command = [sys.executable, str(ROOT / "sweep.py"), "--out", str(out), "--variants", "baseline", "--probe",
-               "--lrs", "1e-3", "2e-3", "--seeds", "1", "--widen", "0", "--", *tiny_study(tmp_path),
-               # runs of 5 s on any machine: a margin for the signal's way to the run (it used to be 1 s, and the
+    command = ["--out", str(out), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3", "--seeds", "1",
+               "--widen", "0", "--", *tiny_study(tmp_path),
+               # runs of 3 s on any machine: a margin for the signal's way to the run (it used to be 1 s, and the
                # run sometimes completed first on a busy machine)
-               "train.max_steps=null", "train.time_budget=5", "train.log_interval=1",
+               "train.max_steps=null", "train.time_budget=3", "train.log_interval=1",
                "train.ckpt_interval=1000", "train.sample_interval=1000"]  # the ablation's follow max_steps
-    study = subprocess.Popen(command, cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True, preexec_fn=like_a_terminals_foreground_job)
+    study = start_script(ROOT / "sweep.py", *command, new_session=True, preexec_fn=unblocked_sigint)
     first = out / "baseline" / "lr0.001" / "seed0" / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not first.exists() and time.monotonic() < deadline and study.poll() is None:
@@ -178,7 +173,7 @@ def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tm
                                 "command resumes the study (finished runs are kept, stopped ones continue from their "
                                 "checkpoints)"]
     assert json.loads((first.parent / "summary.json").read_text())["stop_reason"] != "completed"
-    again = subprocess.run(command, cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
+    again = run_script(ROOT / "sweep.py", *command)
     assert again.returncode == 0, again.stderr[-2000:]
     assert [line.split(":")[0] for line in again.stdout.splitlines() if line.startswith("[")] == [
         "[1] baseline/lr0.001/seed0", "[2] baseline/lr0.002/seed0"]
@@ -218,8 +213,7 @@ def test_a_study_killed_outright_stops_its_runs_and_a_live_multirun_is_never_tou
     args = ["--out", str(out), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3", "--seeds", "1",
             "--widen", "0", "--", *tiny_study(tmp_path), "train.max_steps=null", "train.time_budget=600",
             "train.log_interval=1", "train.ckpt_interval=1000", "train.sample_interval=1000"]
-    study = subprocess.Popen([sys.executable, str(ROOT / "sweep.py"), *args], cwd=ROOT, env=TRAIN_ENV,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    study = start_script(ROOT / "sweep.py", *args, new_session=True)
     run = out / "baseline" / "lr0.001" / "seed0"
     deadline = time.monotonic() + 120
     while not (run / "metrics.jsonl").exists() and time.monotonic() < deadline and study.poll() is None:

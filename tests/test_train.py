@@ -18,11 +18,10 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from data_helpers import TRAIN_ENV, metrics, run_train as train, summary as run_summary
+from data_helpers import ROOT, metrics, run_script, run_train as train, start_script, summary as run_summary
 from storage.checkpoint import load_checkpoint
 from storage.files import atomic_symlink
 
-ROOT = Path(__file__).resolve().parent.parent
 MAX_STEPS = 8
 BATCH, CONTEXT = 8, 32
 
@@ -128,9 +127,7 @@ def test_a_multirun_leaves_the_latest_link_where_it_was(full_run, workdir, tiny)
     latest = workdir / "latest"
     atomic_symlink(latest, full_run)
     sweep_dir = workdir / "sweep-latest"
-    done = subprocess.run([sys.executable, str(ROOT / "train.py"), "-m", *tiny, "train.max_steps=2",
-                           f"hydra.sweep.dir={sweep_dir}"], cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True,
-                          timeout=300)
+    done = run_script(ROOT / "train.py", "-m", *tiny, "train.max_steps=2", f"hydra.sweep.dir={sweep_dir}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert [run_summary(job.parent)["steps"] for job in sweep_dir.glob("*/summary.json")] == [2]
     assert latest.resolve() == full_run.resolve()
@@ -157,10 +154,8 @@ def test_half_then_resume_matches_one_go(full_run, workdir, tiny):
 def test_sigterm_saves_a_checkpoint_that_resumes(workdir, tiny):
     run_dir = workdir / "sigterm"
     never = "100000"  # no eval, sample or checkpoint on its own before the signal
-    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *tiny, f"train.max_steps={never}",
-                             f"train.eval_interval={never}", f"train.ckpt_interval={never}",
-                             f"train.sample_interval={never}", f"hydra.run.dir={run_dir}"],
-                            cwd=ROOT, env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_script(ROOT / "train.py", *tiny, f"train.max_steps={never}", f"train.eval_interval={never}",
+                        f"train.ckpt_interval={never}", f"train.sample_interval={never}", f"hydra.run.dir={run_dir}")
     deadline = time.time() + 120
     while proc.poll() is None and time.time() < deadline:  # wait until training is under way
         if (run_dir / "metrics.jsonl").exists() and len(metrics(run_dir)) >= 3:
@@ -201,9 +196,8 @@ sys.argv[0] = {str(ROOT / "train.py")!r}
 runpy.run_path(sys.argv[0], run_name="__main__")
 ''')
     run_dir = workdir / "sigint-eval"
-    proc = subprocess.run([sys.executable, str(wrapper), *tiny, "train.max_steps=1000", "train.ckpt_interval=1000",
-                           "train.sample_interval=1000", f"hydra.run.dir={run_dir}"],
-                          cwd=ROOT, env=TRAIN_ENV, capture_output=True, text=True, timeout=300)
+    proc = run_script(wrapper, *tiny, "train.max_steps=1000", "train.ckpt_interval=1000",
+                      "train.sample_interval=1000", f"hydra.run.dir={run_dir}")
     stderr = proc.stderr
     assert proc.returncode == 128 + signal.SIGINT, stderr[-3000:]
     assert [m["step"] for m in metrics(run_dir)][-1] == 4 == train_state(run_dir)["progress"]["step"]
@@ -244,12 +238,11 @@ def test_a_lost_process_saves_its_last_step_and_exits_2_with_one_line(workdir, t
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     never = "100000"
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "train.py"), *tiny, f"train.max_steps={never}",
-                               "train.micro_batch_size=2", f"train.eval_interval={never}",
-                               f"train.ckpt_interval={never}", f"train.sample_interval={never}",
-                               f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env={**TRAIN_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                              "WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank)})
+    procs = [start_script(ROOT / "train.py", *tiny, f"train.max_steps={never}", "train.micro_batch_size=2",
+                          f"train.eval_interval={never}", f"train.ckpt_interval={never}",
+                          f"train.sample_interval={never}", f"hydra.run.dir={run_dir}",
+                          env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2",
+                               "RANK": str(rank), "LOCAL_RANK": str(rank)})
              for rank in (0, 1)]
     deadline = time.time() + 120
     while procs[0].poll() is None and time.time() < deadline:
