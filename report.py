@@ -26,10 +26,11 @@ import torch
 from cli import Parser, run_command
 from data.tokenizer import Tokenizer
 from errors import UsageError
-from generation.kv_memory import BYTES_PER_ELEMENT, estimated_bytes
+from generation.kv_memory import BYTES_PER_ELEMENT, estimated_bytes, linear_layers
 from insight import attention, blocks, decode, experts, figures, lengths, page, positions
 from model.attention import Attention
 from model.block import attention_class
+from model.gated_deltanet import GatedDeltaNet
 from model.mla import LatentAttention
 from insight.wandb_run import log_to_wandb, run_name, wandb_run_of
 from model.transformer import Transformer
@@ -41,12 +42,12 @@ DEFAULT_PROMPT = "ROMEO:\nBut soft, what light through yonder window breaks?"
 
 
 def preset(name: str, kind, widths: tuple[int, ...], layers: int, seq: int, dtype: str, window: int = 0,
-           local_layers: int = 0) -> tuple[dict, type]:
+           local_layers: int = 0, linear_layers: int = 0) -> tuple[dict, type]:
     """One of the estimator's presets, with its attention kind: a model's sizes and its cache's widths, in the order
-    the kind's PER_POSITION names them (window 0: none)."""
-    widths = dict(zip((field.name for field in kind.PER_POSITION.fields), widths))
+    the kind's PER_POSITION names them (window 0: none; linear_layers: those with a fixed state)."""
+    widths = dict(zip((field.name for field in kind.PER_POSITION.fields), widths, strict=True))
     return {"name": name, "cache": kind.PER_POSITION.name, "layers": layers, **widths, "seq": seq, "batch": 1,
-            "dtype": dtype, "window": window, "local_layers": local_layers}, kind
+            "dtype": dtype, "window": window, "local_layers": local_layers, "linear_layers": linear_layers}, kind
 
 
 LLAMA_2_7B = preset("LLaMA-2-7B", Attention, (32, 128), 32, 4096, "fp16")
@@ -56,6 +57,9 @@ MISTRAL_7B = preset("Mistral-7B", Attention, (8, 128), 32, 32768, "fp16", window
 # DeepSeek-V3's own 61 layers (70,272 bytes per token at bf16)
 LATENT_PRESETS = [preset("LLaMA-2-7B with MLA", LatentAttention, (512, 64), 32, 4096, "fp16"),
                   preset("DeepSeek-V3", LatentAttention, (512, 64), 61, 4096, "bf16")]
+# transformers' Qwen3NextConfig: 48 layers, every 4th attention (2 K/V heads of 256), the others Gated DeltaNet (16 key
+# and 32 value heads of 128, a conv of 4), at its 32,768 positions
+QWEN3_NEXT = preset("Qwen3-Next (3:1)", GatedDeltaNet, (2, 256, 32, 16, 128, 3), 48, 32768, "bf16", linear_layers=36)
 REPORT_FILE = "report.json"
 
 
@@ -179,9 +183,9 @@ def estimator(models: list[Transformer], names: list[str]) -> dict:
         cfg, kind = m.cfg, attention_class(m.cfg)
         own = {"name": f"this model: {name}", "layers": cfg.n_layers, "seq": cfg.context_length, "batch": 1,
                "dtype": dtype_of[m.tok_emb.weight.element_size()], "window": cfg.window or 0,
-               "local_layers": cfg.n_local_layers}
+               "local_layers": cfg.n_local_layers, "linear_layers": linear_layers(cfg)}
         presets.append((own | {"cache": kind.PER_POSITION.name} | kind.cache_dims(cfg), kind))
-    presets += [LLAMA_2_7B, MISTRAL_7B, *LATENT_PRESETS]
+    presets += [LLAMA_2_7B, MISTRAL_7B, *LATENT_PRESETS, QWEN3_NEXT]
     return {"bytes_per_element": BYTES_PER_ELEMENT,
             "presets": [p | {"bytes": estimated_bytes(kind.PER_POSITION, p, p["batch"], BYTES_PER_ELEMENT[p["dtype"]])}
                         for p, kind in presets]}

@@ -98,11 +98,10 @@ def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict
              * bytes_per_element,
              "this_model": kind is Attention and n == cfg.n_kv_heads}
             for n in counts]
-    if kind is not Attention:
+    if kind is not Attention:  # each block's cache as its own kind holds it (a hybrid's attention layers: K/V heads)
         rows.append({"attention": kind.PER_POSITION.row.format(**kind.cache_dims(cfg)), "kv_heads": 1,
-                     "this_model": True, "bytes": sum(kind.cache_bytes(cfg, layer, cfg.context_length, 1,
-                                                                       bytes_per_element)
-                                                      for layer in range(cfg.n_layers))})
+                     "this_model": True, "bytes": sum(attention_class(cfg, layer).cache_bytes(
+                         cfg, layer, cfg.context_length, 1, bytes_per_element) for layer in range(cfg.n_layers))})
     return rows
 
 

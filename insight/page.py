@@ -80,14 +80,17 @@ SECTIONS = [
 ]
 
 CACHE_KINDS = [kind.PER_POSITION for kind in ATTENTION_KINDS]  # what one position costs in a layer, by attention kind
-ESTIMATOR_FIELDS = (("layers", "layers L"), *((field.name, field.label) for kind in CACHE_KINDS for field in kind.fields),
+CACHE_FIELDS = {field.name: field for kind in CACHE_KINDS for field in kind.fields}  # a width kinds share, once
+ESTIMATOR_FIELDS = (("layers", "layers L"), *((field.name, field.label) for field in CACHE_FIELDS.values()),
                     ("seq", "sequence length S"), ("batch", "batch"), ("window", "window W (0: none)"),
-                    ("local_layers", "local layers L_w"))
-# fields that may be 0 (e.g. MLA's RoPE key, without RoPE), no window, no local layer
-WHOLE = (*(field.name for kind in CACHE_KINDS for field in kind.fields if field.least == 0), "window", "local_layers")
-# the page's script computes each kind's cost of one position from its fields and terms (model/kv_cache.py)
-PER_POSITION = {kind.name: {"fields": [field.name for field in kind.fields], "terms": kind.terms}
-                for kind in CACHE_KINDS}
+                    ("local_layers", "local layers L_w"), ("linear_layers", "linear layers L_s"))
+# fields that may be 0 (e.g. MLA's RoPE key, without RoPE), no window, no local or linear layer
+WHOLE = (*(name for name, field in CACHE_FIELDS.items() if field.least == 0), "window", "local_layers",
+         "linear_layers")
+# the page's script computes each kind's cost of one position, and of a linear layer's fixed state, from its fields
+# and terms (model/kv_cache.py)
+PER_POSITION = {kind.name: {"fields": [field.name for field in kind.fields], "terms": kind.terms,
+                            "state_terms": kind.state_terms} for kind in CACHE_KINDS}
 
 
 def _ms(seconds: float) -> float:
@@ -209,7 +212,7 @@ def _estimator(estimator: dict) -> str:
                       for i, p in enumerate(estimator["presets"]))
     return f"""<form id="estimator" onsubmit="return false">
 <h3>KV-cache estimator</h3>
-<p class="formula">bytes = ((L − L_w) × S + L_w × min(W, S)) × ({per_position}) × batch × bytes per element</p>
+<p class="formula">bytes = (((L − L_w − L_s) × S + L_w × min(W, S)) × ({per_position}) + L_s × a linear layer's state) × batch × bytes per element</p>
 <div class="fields"><label>cache <select id="est-cache">{kinds}</select></label>{fields}<label>dtype <select id="est-dtype">{dtypes}</select></label></div>
 <div class="presets">{buttons}</div>
 <p class="result"><output id="est-bytes"></output> bytes = <output id="est-gb"></output></p>
@@ -226,7 +229,7 @@ function refuse(message) {{
 }}
 function recompute() {{
   const cache = document.getElementById("est-cache").value, n = {{}};
-  for (const key of ["layers", ...PER_POSITION[cache].fields, "seq", "batch", "window", "local_layers"]) {{
+  for (const key of ["layers", ...PER_POSITION[cache].fields, "seq", "batch", "window", "local_layers", "linear_layers"]) {{
     const text = document.getElementById("est-" + key).value.trim();
     const zero = WHOLE.includes(key);  // MLA without RoPE has no RoPE key; 0 windows, 0 local layers
     if (!(zero ? /^(0|[1-9][0-9]*)$/ : /^[1-9][0-9]*$/).test(text)) {{
@@ -236,12 +239,15 @@ function recompute() {{
   }}
   if (n.local_layers > n.layers) return refuse("local_layers must be at most layers");
   const local = n.window > 0n ? n.local_layers : 0n;  // without a window every layer holds S positions
+  if (local + n.linear_layers > n.layers) return refuse("linear_layers must be at most the layers that are not local");
+  if (n.linear_layers > 0n && !PER_POSITION[cache].state_terms.length) return refuse("this cache has no fixed state: linear_layers must be 0");
   const held = n.window > 0n && n.window < n.seq ? n.window : n.seq;
-  const slots = (n.layers - local) * n.seq + local * held;
+  const slots = (n.layers - local - n.linear_layers) * n.seq + local * held;
   // a sum of terms, each a coefficient times a product of fields
-  const perPosition = PER_POSITION[cache].terms.reduce(
-    (sum, [coefficient, names]) => sum + names.reduce((product, name) => product * n[name], BigInt(coefficient)), 0n);
-  const bytes = slots * perPosition * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
+  const sum = terms => terms.reduce(
+    (total, [coefficient, names]) => total + names.reduce((product, name) => product * n[name], BigInt(coefficient)), 0n);
+  const elements = slots * sum(PER_POSITION[cache].terms) + n.linear_layers * sum(PER_POSITION[cache].state_terms);
+  const bytes = elements * n.batch * BigInt(BYTES_PER_ELEMENT[document.getElementById("est-dtype").value]);
   document.getElementById("est-bytes").textContent = bytes.toLocaleString("en-US");
   document.getElementById("est-gb").textContent = readable(Number(bytes));
 }}

@@ -46,7 +46,7 @@ def hf_config(cfg: ModelConfig, bos_id: int | None = None, eos_id: int | None = 
         **family.expert_keys(cfg),
         **family.window_keys(cfg),
         "rms_norm_eps": cfg.norm_eps,
-        "rope_parameters": rope,
+        "rope_parameters": rope | family.rope_keys(cfg),
         # transformers 4.x reads rope_theta, rope_scaling and torch_dtype; 5.x reads rope_parameters and dtype
         # (and rope_scaling before rope_parameters: the two are the same scaling).
         "rope_theta": rope["rope_theta"],

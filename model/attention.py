@@ -24,6 +24,10 @@ and gives no value, so a head can attend to "nothing":
 sdpa runs it as one more key that every query sees, with logit s_h and value 0: q' = [q, s_h sqrt(D)], the keys
 [k, 0], the sink's key [0, ..., 0, 1], at sdpa's scale 1 / sqrt(D) (attend_with_sink).
 
+Output gate (Qwen3-Next, Qwen3.5; model.attention_gate): y = attn(q, k, v) * sigmoid(x W_g), per head and dim,
+before W_o: a head can shut its output for a token. Partial RoPE (model.rotary_fraction = f, Qwen3-Next's 0.25): RoPE
+turns the first f D dims of each q and k head, the rest carry no position.
+
 sdpa never materialises the attention weights; attention_scores and attention_weights below compute
 them from Attention.heads' q and k for what looks inside the model (training/diagnostics.py, insight/).
 """
@@ -35,6 +39,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
+from model.checks import is_number
 from model.positions import Rotary
 from model.qk_norm import QKNorm
 from parsing import whole_number
@@ -67,6 +72,18 @@ class Attention(nn.Module):
                               f"makes none; set model.window")
         if not isinstance(cfg.sinks, bool):
             raise ConfigError(f"model.sinks={cfg.sinks!r} must be true or false")
+        if not isinstance(cfg.attention_gate, bool):
+            raise ConfigError(f"model.attention_gate={cfg.attention_gate!r} must be true or false")
+        fraction = cfg.rotary_fraction
+        if not (is_number(fraction) and 0 < fraction <= 1):
+            raise ConfigError(f"model.rotary_fraction={fraction!r} must be a number in (0, 1]")
+        if fraction != 1 and cfg.position != "rope":
+            raise ConfigError(f"model.rotary_fraction={fraction} is RoPE's share of each head, but "
+                              f"model.position={cfg.position}")
+        turned = cfg.head_dim * fraction
+        if fraction != 1 and (turned != int(turned) or int(turned) % 2):
+            raise ConfigError(f"model.rotary_fraction={fraction} turns {turned:g} of each head's {cfg.head_dim} dims; "
+                              f"RoPE needs an even whole number of them")
 
     @classmethod
     def refuse_settings(cls, cfg) -> None:
@@ -74,21 +91,29 @@ class Attention(nn.Module):
 
     @classmethod
     def rope_dim(cls, cfg) -> int:
-        """The dims of each head RoPE rotates: all of them."""
-        return cfg.head_dim
+        """The dims of each head RoPE rotates: model.rotary_fraction of them (all by default)."""
+        return int(cfg.head_dim * cfg.rotary_fraction)
+
+    @classmethod
+    def layer_class(cls, cfg, layer: int) -> type:
+        """Block `layer`'s kind: this one in every block (another kind may make some blocks attention,
+        model/gated_deltanet.py)."""
+        return cls
 
     @classmethod
     def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "Attention":
-        """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm and sinks."""
+        """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm, sinks and gate."""
         qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
         return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
-                   cfg.layer_windows[layer], cfg.sinks)
+                   cfg.layer_windows[layer], cfg.sinks, cfg.attention_gate)
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                 rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False):
+                 rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False,
+                 gate: bool = False):
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
+        self.gate = nn.Linear(d_model, d_model, bias=bias) if gate else None  # W_g, Qwen3-Next's output gate
         self.window = window  # the positions a query sees, its own included; None: all earlier ones
         # gpt-oss's sink logits, one per query head; 0 at init: the sink starts as one more key of logit 0
         self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
@@ -109,10 +134,12 @@ class Attention(nn.Module):
     def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
         """Forward FLOPs per token of block `layer`'s attention in a causal sequence of seq_len tokens (2 per
         multiply-add): the projections 2 d (H + 2 H_kv) D + 2 H D d, and q k^T and the weights times v, 2 H D each per
-        key seen, over mean_keys_seen's span (the window's in a local layer). The sink logit multiplies nothing."""
+        key seen, over mean_keys_seen's span (the window's in a local layer); the output gate's W_g, 2 d H D. The sink
+        logit multiplies nothing."""
         H, D, d = cfg.n_heads, cfg.head_dim, cfg.d_model
         span = mean_keys_seen(seq_len, cfg.layer_windows[layer])
-        return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + 2 * 2 * H * D * span
+        gate = 2 * d * H * D if cfg.attention_gate else 0  # W_g
+        return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + gate + 2 * 2 * H * D * span
 
     def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The attention weights forward applies to v, for what looks inside the model (insight/): [B, H, T, T] over
@@ -133,8 +160,10 @@ class Attention(nn.Module):
         qk, v = heads.split([H + H_kv, H_kv], dim=1)
         if self.qk_norm is not None:
             qk = torch.cat(self.qk_norm(*qk.split([H, H_kv], dim=1)), dim=1)
-        if self.rotary is not None:
-            qk = self.rotary(qk, start)  # q and k heads in one call: the same rotation per position
+        if self.rotary is not None:  # q and k heads in one call: the same rotation per position
+            turned = self.rotary.head_dim
+            qk = self.rotary(qk, start) if turned == self.head_dim else \
+                torch.cat([self.rotary(qk[..., :turned], start), qk[..., turned:]], dim=-1)
         q, k = qk.split([H, H_kv], dim=1)
         return q, k, v
 
@@ -151,7 +180,8 @@ class Attention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
                                                dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
-        return self.out(y.transpose(1, 2).reshape(B, T, -1))
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        return self.out(y if self.gate is None else y * self.gate(x).sigmoid())
 
     # The cache: K and V of n_kv_heads heads per position (model/kv_cache.py); a local layer holds its window
     PER_POSITION = PerPosition(

@@ -13,7 +13,8 @@ from torch import nn
 
 from model.attention import Attention
 from model.ffn import FeedForward
-from model.kv_cache import FullCache
+from model.gated_deltanet import GatedDeltaNet
+from model.kv_cache import FullCache, StateCache
 from model.mla import LatentAttention
 from model.moe import MoE
 from model.norms import make_norm
@@ -22,16 +23,17 @@ from model.positions import Rotary
 
 # The kind of each component a config chooses, made here and nowhere else: by ModelConfig.attention (MHA, GQA and
 # MQA are one class, Attention) and by model.ffn (SwiGLU, ReLU, GELU and ReLU² are FeedForward).
-ATTENTION_CLASSES = {"mla": LatentAttention}
+ATTENTION_CLASSES = {"mla": LatentAttention, "gated_deltanet": GatedDeltaNet}
 FFN_CLASSES = {"moe": MoE}
 ATTENTION_KINDS = (Attention, *ATTENTION_CLASSES.values())  # the first: the estimators' default
 FFN_KINDS = (FeedForward, *FFN_CLASSES.values())
 
 
-def attention_class(cfg) -> type[Attention] | type[LatentAttention]:
-    """The attention kind of cfg's blocks: what it caches and can do at generation, asked of the class where there
-    is no model (the memory estimators)."""
-    return ATTENTION_CLASSES.get(cfg.attention, Attention)
+def attention_class(cfg, layer: int | None = None) -> type[Attention] | type[LatentAttention] | type[GatedDeltaNet]:
+    """Block `layer`'s attention kind (None: the model's own, which may make some blocks attention: a Gated DeltaNet
+    hybrid): what it caches and can do at generation, asked of the class where there is no model (the estimators)."""
+    kind = ATTENTION_CLASSES.get(cfg.attention, Attention)
+    return kind if layer is None else kind.layer_class(cfg, layer)
 
 
 def ffn_class(cfg, layer: int | None = None) -> type[FeedForward] | type[MoE]:
@@ -56,7 +58,7 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm_position == "pre"
         self.attn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
-        self.attn = attention_class(cfg).from_config(cfg, layer, rotary)
+        self.attn = attention_class(cfg, layer).from_config(cfg, layer, rotary)
         self.ffn_norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps)
         self.ffn = ffn_class(cfg, layer).from_config(cfg)
         # p = 0 (the default) skips the call: an eval-mode Dropout still costs a dispatch per residual branch
@@ -67,7 +69,7 @@ class Block(nn.Module):
         GPT-2's scaled init draws again (model/transformer.py)."""
         return [*self.attn.residual_weights(), *self.ffn.residual_weights()]
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | StateCache | None = None) -> torch.Tensor:
         if self.pre_norm:
             x = x + self.dropout(self.attn(self.attn_norm(x), start, cache))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))

@@ -24,7 +24,7 @@ from model.rope_scaling import SCALINGS
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "sinusoidal", "learned", "none")
-ATTENTIONS = ("gqa", "mha", "mqa", "mla")  # the attention group's options (configs/attention/)
+ATTENTIONS = ("gqa", "mha", "mqa", "mla", "gated_deltanet")  # the attention group's options (configs/attention/)
 FFNS = ("swiglu", "relu", "gelu", "relu2", "moe")
 QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
@@ -32,7 +32,8 @@ EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: mode
 
 def local_layers(pattern: str, n_layers: int) -> list[bool]:
     """Which of n_layers blocks a readable model.window_pattern makes local: all of them; alternate: local, global,
-    local, ... (gpt-oss); N:1: N local, then one global, repeated (Gemma 3's 5:1)."""
+    local, ... (gpt-oss); N:1: N local, then one global, repeated (Gemma 3's 5:1). model.linear_pattern reads alike,
+    linear for local (Qwen3.5's 3:1)."""
     if pattern == "all":
         return n_layers * [True]
     local_run = 1 if pattern == "alternate" else local_run_of(pattern)
@@ -52,15 +53,22 @@ def attention_kind(n_heads: int, n_kv_heads: int) -> str:
     return "mha" if n_kv_heads == n_heads else "mqa" if n_kv_heads == 1 else "gqa"
 
 
-def check_attention_choice(choice: str, n_heads: int, n_kv_heads: int, kv_rank: int | None) -> None:
+def check_attention_choice(choice: str, n_heads: int, n_kv_heads: int, kv_rank: int | None,
+                           linear_pattern: str | None) -> None:
     """model.attention, the attention group's name, against the settings it names, before they make a model: mha
-    has n_heads K/V heads, mqa one, gqa any divisor of n_heads; mla is the one with a latent (model.kv_rank)."""
+    has n_heads K/V heads, mqa one, gqa any divisor of n_heads (so do a hybrid's attention layers); mla is the one with
+    a latent (model.kv_rank), gated_deltanet the one with linear layers (model.linear_pattern)."""
     if choice not in ATTENTIONS:
         raise ConfigError(f"model.attention={choice!r} must be one of {', '.join(ATTENTIONS)}")
     if choice == "mla" and kv_rank is None:
         raise ConfigError("model.attention=mla needs the latent's width, but model.kv_rank=null")
     if choice != "mla" and kv_rank is not None:
         raise ConfigError(f"model.kv_rank={kv_rank} is a setting of attention=mla, not of attention={choice}")
+    if choice == "gated_deltanet" and linear_pattern is None:
+        raise ConfigError("model.attention=gated_deltanet needs its layers, but model.linear_pattern=null")
+    if choice != "gated_deltanet" and linear_pattern is not None:
+        raise ConfigError(f"model.linear_pattern={linear_pattern} makes Gated DeltaNet layers, a setting of "
+                          f"attention=gated_deltanet, not of attention={choice}")
     expected = {"mha": n_heads, "mqa": 1}.get(choice, n_kv_heads)
     if n_kv_heads != expected:
         raise ConfigError(f"model.attention={choice} has {expected} K/V heads, not model.n_kv_heads={n_kv_heads}; "
@@ -111,6 +119,16 @@ class ModelConfig:
     window: int | None = None
     window_pattern: str = "all"  # which layers are local: all, alternate (gpt-oss: local first) or N:1 (Gemma 3's 5:1)
     sinks: bool = False  # a learned sink logit per head (gpt-oss): a softmax column that takes weight, gives no value
+    attention_gate: bool = False  # the attention output times sigmoid(x W_g) before W_o (Qwen3-Next, Qwen3.5)
+    rotary_fraction: float = 1.0  # the share of each head's dims RoPE turns (Qwen3-Next, Qwen3.5: 0.25)
+    # Gated DeltaNet (model/gated_deltanet.py): which layers are linear, a fixed state in place of attention; null is
+    # attention in every layer
+    linear_pattern: str | None = None  # all, alternate (linear first) or N:1 (N linear to one attention: Qwen3.5's 3:1)
+    linear_key_heads: int | None = None  # H_k (null: model.n_heads)
+    linear_value_heads: int | None = None  # H_v, a multiple of H_k (null: H_k); Qwen3.5: 16 key, 32 value heads
+    linear_head_dim: int | None = None  # d_k = d_v of each linear head (null: the attention's head dim)
+    linear_conv: int = 4  # the causal depthwise conv's kernel K
+    linear_chunk: int = 64  # the chunked form's chunk: how training and a prefill run it; the result is the same
 
     def __post_init__(self):
         self.validate()
@@ -142,7 +160,27 @@ class ModelConfig:
 
     @property
     def attention(self) -> str:
+        if self.linear_pattern is not None:
+            return "gated_deltanet"
         return "mla" if self.kv_rank is not None else attention_kind(self.n_heads, self.n_kv_heads)
+
+    @property
+    def linear_layers(self) -> list[bool]:
+        """Which blocks are Gated DeltaNet: model.linear_pattern's (all, alternate, N:1), none when it is null."""
+        return self.n_layers * [False] if self.linear_pattern is None else local_layers(self.linear_pattern,
+                                                                                         self.n_layers)
+
+    @property
+    def n_linear_key_heads(self) -> int:
+        return self.linear_key_heads or self.n_heads
+
+    @property
+    def n_linear_value_heads(self) -> int:
+        return self.linear_value_heads or self.n_linear_key_heads
+
+    @property
+    def linear_dim(self) -> int:
+        return self.linear_head_dim or self.head_dim
 
     @property
     def rope_dim(self) -> int:
@@ -234,7 +272,8 @@ class ModelConfig:
     def from_settings(cls, settings: dict) -> "ModelConfig":
         """A composed config's `model` node, its vocab_size set: the attention group's name (model.attention) checked
         against the settings it names, then the model."""
-        check_attention_choice(settings["attention"], settings["n_heads"], settings["n_kv_heads"], settings["kv_rank"])
+        check_attention_choice(settings["attention"], settings["n_heads"], settings["n_kv_heads"], settings["kv_rank"],
+                               settings["linear_pattern"])
         return cls.from_dict(settings)
 
     @classmethod

@@ -7,7 +7,10 @@
     StreamingCache  slots = S + (max_len - S)    StreamingLLM's sink tokens S: the first S positions in slots
                                                  0 .. S - 1 for good, the others rolling through the rest (S = 0:
                                                  the window alone, every position rolling)
-    bytes = sum over layers of slots * heads * (key_dim + value_dim) * batch * bytes_per_element
+    StateCache      no slots: a Gated DeltaNet layer (model/gated_deltanet.py) holds its state S [batch, value
+                    heads, d_k, d_v] and its conv's last K - 1 inputs [batch, channels, K - 1], the same at any length
+    bytes = sum over layers of slots * heads * (key_dim + value_dim) * batch * bytes_per_element, plus each linear
+            layer's fixed state: (value heads * d_k * d_v + channels * (K - 1)) * batch * bytes_per_element
 
 Each layer's attention builds its own cache (new_cache) and says what it costs (cache_bytes, and per_position for
 the estimators): MHA/GQA/MQA store n_kv_heads heads of K and V, so GQA and MQA shrink the cache by n_heads /
@@ -61,18 +64,28 @@ class PerPosition:
     text: str  # the terms with their widths, str.format'ed with the fields
     window_refusal: str | None = None  # why the kind takes no window (None: its layers may be local)
     row: str = ""  # the report's row of this model's cache, str.format'ed with the fields ("": K/V heads' own rows)
+    # what a layer of the kind holds whatever the positions, in elements, terms as `terms` (a linear layer's state)
+    state_terms: tuple[tuple[int, tuple[str, ...]], ...] = ()
 
     def elements(self, dims: dict) -> int:
         return sum(coefficient * math.prod(dims[name] for name in names) for coefficient, names in self.terms)
 
+    def state_elements(self, dims: dict) -> int:
+        return sum(coefficient * math.prod(dims[name] for name in names) for coefficient, names in self.state_terms)
+
     def formula(self, times: str = " x ") -> str:
-        """The terms in their fields' symbols, e.g. 2 x H_kv x d_head."""
+        """The terms in their fields' symbols, e.g. 2 x H_kv x d_head, and a fixed state's, per layer."""
         symbols = {field.name: field.symbol for field in self.fields}
-        return " + ".join(times.join([str(coefficient)] * (coefficient != 1) + [symbols[name] for name in names])
-                          for coefficient, names in self.terms)
+        def written(terms):
+            return " + ".join(times.join([str(coefficient)] * (coefficient != 1) + [symbols[name] for name in names])
+                              for coefficient, names in terms)
+        state = f"; a linear layer's state {written(self.state_terms)}, at any length" if self.state_terms else ""
+        return written(self.terms) + state
 
     def describe(self, dims: dict) -> str:
-        return self.text.format(**{field.name: dims[field.name] for field in self.fields})
+        """text with the widths given ("-" for one not given, which the sizes do not need)."""
+        return self.text.format(**{field.name: "-" if dims[field.name] is None else dims[field.name]
+                                   for field in self.fields})
 
 
 class FullCache:
@@ -175,10 +188,46 @@ class StreamingCache(FullCache):
         return self.keys, self.values, None
 
 
+class StateCache:
+    """A linear layer's cache: a fixed-size state that each forward reads and replaces, whatever the position
+    (model/gated_deltanet.py). A forward at position 0 starts from zeros: a new sequence, or a slid window read
+    again; any other start must be where the last forward ended. tensors: name -> (shape without the batch); the
+    state S [H_v, d_k, d_v] and the conv's history [channels, K - 1]."""
+
+    def __init__(self, batch: int, max_len: int, tensors: dict[str, tuple[int, ...]], dtype: torch.dtype,
+                 device: torch.device | str):
+        self.max_len = max_len  # the generation's positions; the state does not depend on them
+        self.tensors = {name: torch.zeros(batch, *shape, dtype=dtype, device=device) for name, shape in tensors.items()}
+        self.position = 0  # where the next forward starts
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nelement() * t.element_size() for t in self.tensors.values())
+
+    def read(self, start: int, length: int) -> dict[str, torch.Tensor] | None:
+        """The state before positions [start, start + length): None at start 0 (zeros, not read), else what the
+        forward that ended at start left."""
+        if start not in (0, self.position):
+            raise ValueError(f"a state cache goes on from position {self.position}, not {start}")
+        self.position = start + length
+        return None if start == 0 else self.tensors
+
+    def write(self, values: dict[str, torch.Tensor]) -> None:
+        for name, value in values.items():
+            self.tensors[name].copy_(value)
+
+    def fill_from(self, source: "StateCache", repeats: int = 1, length: int | None = None) -> None:
+        """source's state after its prompt, each row into `repeats` rows in a row (FullCache.fill_from): the state
+        is the whole prompt's, so `length` changes nothing."""
+        for name, mine in self.tensors.items():
+            mine.copy_(source.tensors[name].repeat_interleave(repeats, dim=0))
+        self.position = source.position
+
+
 class KVCache:
     """A generation's cache: its layers' caches, in the blocks' order, and what they hold together."""
 
-    def __init__(self, layers: list[FullCache]):
+    def __init__(self, layers: list[FullCache | StateCache]):
         self.layers = layers
 
     @property

@@ -64,6 +64,9 @@ class LatentAttention(nn.Module):
             raise ConfigError(f"model.qk_norm={cfg.qk_norm} with attention=mla: MLA's keys are up-projected from "
                               f"an RMS-normed latent, and a norm of each key would not let decoding fold W_uk into "
                               f"the query; use qk_norm=none")
+        if cfg.rotary_fraction != 1:
+            raise ConfigError(f"model.rotary_fraction={cfg.rotary_fraction} with attention=mla: MLA's RoPE part is "
+                              f"its own, model.rope_head_dim")
         rope, d_r = cfg.position == "rope", cfg.rope_head_dim
         if d_r is not None and (d_r % 2 or d_r > cfg.head_dim):
             raise ConfigError(f"model.rope_head_dim={d_r} must be even and at most the head dim, model.d_model / "
@@ -73,10 +76,11 @@ class LatentAttention(nn.Module):
                               + ("carries RoPE's positions; it needs at least 2 dims" if rope else
                                  "is rotated by RoPE; without it use model.rope_head_dim=0 (or null)"))
         Attention.validate(cfg)  # the window's settings well-formed, then refused: none of them here
-        if cfg.window is not None or cfg.sinks:
-            setting = f"model.window={cfg.window}" if cfg.window is not None else "model.sinks=true"
-            raise ConfigError(f"{setting} with attention=mla: the latent attention here has no band mask or sink "
-                              f"logit (its absorbed decode attends to every cached latent); use attention=gqa, mha "
+        if cfg.window is not None or cfg.sinks or cfg.attention_gate:
+            setting = f"model.window={cfg.window}" if cfg.window is not None else \
+                "model.sinks=true" if cfg.sinks else "model.attention_gate=true"
+            raise ConfigError(f"{setting} with attention=mla: the latent attention here has no band mask, sink "
+                              f"logit or output gate (its absorbed decode attends to every cached latent); use attention=gqa, mha "
                               f"or mqa")
 
     @classmethod
@@ -91,6 +95,11 @@ class LatentAttention(nn.Module):
     def rope_dim(cls, cfg) -> int:
         """d_R, the dims of each head RoPE rotates: model.rope_head_dim, or half a head."""
         return cfg.head_dim // 2 if cfg.rope_head_dim is None else cfg.rope_head_dim
+
+    @classmethod
+    def layer_class(cls, cfg, layer: int) -> type:
+        """Block `layer`'s kind: this one in every block."""
+        return cls
 
     @classmethod
     def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "LatentAttention":

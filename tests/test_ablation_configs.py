@@ -203,7 +203,9 @@ def test_the_baseline_is_the_model_the_study_ran():
         "tie_embeddings": True, "embedding_scale": "gpt2", "kv_rank": None, "q_rank": None, "rope_head_dim": None,
         "v_head_dim": None, "d_ff": None, "n_experts": None, "experts_per_token": None, "expert_d_ff": None,
         "n_shared_experts": 0, "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
-        "router_bias_rate": 0.0, "window": None, "window_pattern": "all", "sinks": False}
+        "router_bias_rate": 0.0, "window": None, "window_pattern": "all", "sinks": False, "attention_gate": False,
+        "rotary_fraction": 1.0, "linear_pattern": None, "linear_key_heads": None, "linear_value_heads": None,
+        "linear_head_dim": None, "linear_conv": 4, "linear_chunk": 64}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
     block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352

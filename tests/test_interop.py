@@ -759,3 +759,69 @@ def test_a_qwen2_config_json_is_read_for_its_windows_and_refused_by_import():
     with pytest.raises(InteropError, match="model_type='qwen2' is not supported: its q, k and v projections have "
                                            "biases"):
         model_config_from_hf(windowed)
+
+
+# --- Qwen3.5: the 3:1 hybrid of Gated DeltaNet and gated attention (interop/families/qwen3_5.py) ----------------
+
+def hybrid_cfg(**settings):
+    """Three Gated DeltaNet layers (2 key and 4 value heads of 8 dims) to one attention layer with Qwen's output gate,
+    QK-norm and RoPE on a quarter of each head."""
+    return llama_cfg(**dict(n_layers=4, qk_norm="rmsnorm", linear_pattern="3:1", attention_gate=True,
+                            rotary_fraction=0.25, linear_key_heads=2, linear_value_heads=4, linear_head_dim=8,
+                            linear_chunk=8) | settings)
+
+
+# transformers' Qwen3.5 rounds to float32 inside a float64 model: its RMSNorms (the gated one too), the gate's log decay
+# (A_log.float(), a.float()) and its delta-rule kernels cast to float32 whatever the model's dtype. Measured on this
+# model (max logit 9.5): 8.1e-5 apart in float64, 7.9e-5 in float32 (8.5e-6 of the largest logit, 2^-16.8); with
+# those casts taken out of transformers (its norms' and kernels' code run in float64, Tensor.float made the identity:
+# an experiment, not this test) 3.6e-15 apart, so the mapping itself is exact. Bound: 2^-15 of the largest logit
+# (3.1e-5 of it) in both dtypes; a dropped or swapped weight moves logits of std > 1 by O(1).
+def test_the_hybrid_exports_to_qwen3_5_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
+                                                                                 capsys):
+    model = far_from_init(Transformer(hybrid_cfg()))
+    with torch.no_grad():  # gates that fade slowly: the state carries the prompt's start to its end
+        for block in model.blocks[:3]:
+            block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 4).log())
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(theirs).__name__ == "Qwen3_5ForCausalLM"
+    assert (theirs.config.layer_types, theirs.config.rope_parameters["partial_rotary_factor"]) == (
+        3 * ["linear_attention"] + ["full_attention"], 0.25)
+    written, state = load_file(tmp_path / "hf" / "model.safetensors"), model.state_dict()
+    assert torch.equal(written["model.layers.0.linear_attn.in_proj_z.weight"], state["blocks.0.attn.gate.weight"])
+    assert torch.equal(written["model.layers.3.self_attn.q_proj.weight"].view(4, 2, 8, 32)[:, 1],
+                       state["blocks.3.attn.gate.weight"].view(4, 8, 32))  # each head's rows [W_q,h; W_g,h]
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, 2 ** -15, 2 ** -15)
+
+    reloaded, _ = load_model(tmp_path / "hf")
+    assert (reloaded.cfg.linear_pattern, reloaded.cfg.n_linear_value_heads, reloaded.cfg.rotary_fraction,
+            reloaded.cfg.attention_gate) == ("3:1", 4, 0.25, True)
+    back = reloaded.state_dict()
+    gains = {name for name in state if name.endswith("norm.weight") and ".attn.norm." not in name}
+    assert all(torch.equal(back[name], state[name]) for name in state.keys() - gains)
+    assert max((back[name] - state[name]).abs().max() for name in gains) <= 2 ** -24
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # the same ops in the same order; only gains below 1/2 differ, by at most 2^-24
+        expected = model(tokens)
+        assert (reloaded(tokens) - expected).abs().max() <= 2 ** -15 * expected.abs().max()
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(attention_gate=False), "no transformers Qwen3.5 equivalent for model.attention_gate=False"),
+    # all linear: no attention layer to gate, norm or rotate, which Qwen3.5's layers always have
+    (dict(linear_pattern="all", position="none", qk_norm="none", attention_gate=False, rotary_fraction=1.0),
+     "no transformers Qwen3.5 equivalent for model.position=none, model.attention_gate=False, model.qk_norm=none")])
+def test_the_qwen3_5_export_refuses_what_it_lacks(tmp_path, tokenizer_file, capsys, settings, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(hybrid_cfg(**settings)), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
+    assert message in one_error_line(capsys) and not (tmp_path / "hf").exists()
+
+
+def test_a_model_with_linear_layers_is_refused_by_every_other_family():
+    """LLaMA's switches hold no linear layer, gate or partial RoPE: only Qwen3.5 claims a model with them."""
+    assert family_of(hybrid_cfg()).model_type == "qwen3_5_text"
+    for switches in (dict(attention_gate=True), dict(rotary_fraction=0.5)):
+        with pytest.raises(InteropError, match=f"model.{next(iter(switches))}="):
+            hf_config(llama_cfg(**switches))

@@ -308,7 +308,7 @@ def test_a_corpus_that_cannot_be_read_is_a_read_error_naming_data_path(tiny, wor
     ("model.d_ff=0", "model.d_ff=0 must be a positive integer, or null for the FFN's rule"),
     ("train.micro_batch_size=3", "train.batch_size=8 must be a multiple of 1 processes x train.micro_batch_size=3; "
                                  "set train.micro_batch_size to one of 1, 2, 4, 8, or null to choose"),
-    ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gqa mha mla mqa"),
+    ("attention=foo", "In 'config': Could not find 'attention/foo' Available options in 'attention': gated_deltanet gqa mha mla mqa"),
     ("train.max_steps=null", "train.max_steps=null needs a train.time_budget: a run must end by steps or by time"),
     ("model.window_pattern='²:1'", "model.window_pattern='²:1' must be all, alternate or N:1"),  # isdigit, not int()
     ("train.time_budget='٣m'", "train.time_budget='٣m' must be seconds (600) or a duration like 10m"),

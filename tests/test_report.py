@@ -624,4 +624,14 @@ def test_the_page_in_a_browser(browser, several):
     assert shown(browser) == (kv_cache_bytes(32, 8, 128, 32768, 1, 2), "4.29 GB")
     set_fields(browser, window=4096, local_layers=33)
     assert browser.find_element("id", "est-bytes").text == "local_layers must be at most layers"
+    # Qwen3-Next's 3:1: 12 attention layers hold 32,768 positions, 36 Gated DeltaNet layers a state each
+    state = 32 * 128 * 128 + (2 * 16 + 32) * 128 * 3
+    browser.find_element("xpath", "//button[text()='Qwen3-Next (3:1)']").click()
+    assert shown(browser) == ((12 * 32768 * 2 * 2 * 256 + 36 * state) * 2, "0.84 GB")
+    set_fields(browser, seq=65536)  # twice the positions: the attention layers' part doubles, the states stay
+    assert shown(browser)[0] == (12 * 65536 * 2 * 2 * 256 + 36 * state) * 2
+    set_fields(browser, linear_layers=48)  # all linear: no position held at all
+    assert shown(browser)[0] == 48 * state * 2
+    set_fields(browser, cache="heads")
+    assert browser.find_element("id", "est-bytes").text == "this cache has no fixed state: linear_layers must be 0"
     assert [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"] == []

@@ -11,8 +11,8 @@ most general to the most specific. Export, import and the GGUF writer read it:
 Adding a family: its file (a Family subclass and FAMILY = its instance) and its line in FAMILIES (imported above it).
 """
 from interop import InteropError
-from interop.families import deepseek_v3, gpt_oss, llama, ministral, mistral, mixtral, qwen2, qwen3, qwen3_moe, \
-    qwen3_next
+from interop.families import deepseek_v3, gpt_oss, llama, ministral, mistral, mixtral, qwen2, qwen3, qwen3_5, \
+    qwen3_moe, qwen3_next
 from interop.families.base import Family
 from model.config import ModelConfig
 
@@ -27,6 +27,7 @@ FAMILIES = (
     qwen3_next.FAMILY,
     deepseek_v3.FAMILY,
     gpt_oss.FAMILY,
+    qwen3_5.FAMILY,
 )
 BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
 GENERIC = Family()

@@ -40,7 +40,7 @@ from model.transformer import Transformer
 
 # The value each switch must have for the model to be a LLaMA; a family adds the switches that make it itself.
 LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False,
-                  "embedding_scale": "gpt2"}
+                  "embedding_scale": "gpt2", "linear_pattern": None, "attention_gate": False, "rotary_fraction": 1.0}
 # ffn=moe (model/moe.py) under the softmax router, no shared experts and no balancing bias: Mixtral's, Qwen3-MoE's
 MOE_SWITCHES = LLAMA_SWITCHES | {"ffn": "moe", "router": "softmax", "n_shared_experts": 0, "router_bias_rate": 0.0}
 
@@ -123,6 +123,10 @@ class Family:
                 "output_router_logits": False}
 
     def window_keys(self, cfg: ModelConfig) -> dict:
+        return {}
+
+    def rope_keys(self, cfg: ModelConfig) -> dict:
+        """What the family adds to rope_parameters beside the scaling (Qwen3.5's partial_rotary_factor)."""
         return {}
 
     def weight_names(self, model: Transformer) -> Names:

@@ -1,0 +1,148 @@
+"""Qwen3.5: Qwen3_5ForCausalLM (model_type qwen3_5_text), the hybrid of Gated DeltaNet layers and gated attention
+layers (model=qwen35_tiny): model.linear_pattern N:1 (or alternate), every attention layer with its output gate
+(model.attention_gate) and QK-norm, RoPE on model.rotary_fraction of each head (partial_rotary_factor), SwiGLU.
+
+    a linear layer: blocks.i.attn.                 model.layers.i.linear_attn.
+        qkv.weight    [(2 H_k + H_v) D, d]         in_proj_qkv.weight (q, k, v: the same order)
+        conv.weight   [C, 1, K]                    conv1d.weight
+        decay_proj.weight, beta_proj.weight [H_v, d]   in_proj_a.weight, in_proj_b.weight
+        gate.weight   [H_v D, d]                   in_proj_z.weight
+        A_log, dt_bias [H_v]                       A_log, dt_bias
+        norm.weight   [D]                          norm.weight (its gated RMSNorm's gain is plain)
+        out.weight    [d, H_v D]                   out_proj.weight
+    an attention layer: blocks.i.attn.             model.layers.i.self_attn.
+        qkv.weight, gate.weight                    q_proj.weight [H 2D, d], each head's rows [W_q,h; W_g,h]; k_proj,
+                                                   v_proj
+        qk_norm.{q,k}_norm.weight [D]              q_norm.weight, k_norm.weight: gain - 1
+        out.weight                                 o_proj.weight
+    blocks.i.{attn,ffn}_norm.weight, final_norm    input_layernorm, post_attention_layernorm, model.norm: gain - 1
+
+Its RMSNorms (not the linear layers' gated one) multiply by (1 + w): a gain g is stored as g - 1, exact for g >= 1/2
+and to half a step of its binade below (Qwen3-Next's, interop/families/qwen3_next.py). Its rotary embedding is
+multimodal (three position ids per token), which for text, the three alike, is RoPE. transformers runs the delta
+rule and the gated norm in float32 whatever the model's dtype. llama.cpp's qwen35 graph is not written here.
+"""
+import torch
+
+from interop import InteropError
+from interop.families.base import LLAMA_SWITCHES, Family
+from interop.families.qwen3 import qk_norm_names
+from interop.families.qwen3_next import norm_names
+from interop.layout import Names
+from model.config import ModelConfig, window_pattern_of
+from model.gated_deltanet import GatedDeltaNet
+from model.transformer import Transformer
+
+PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3_5TextConfig's default
+
+
+def attention_layers(model: Transformer) -> list[int]:
+    return [i for i, block in enumerate(model.blocks) if not isinstance(block.attn, GatedDeltaNet)]
+
+
+class Qwen3_5(Family):
+    name, model_type, class_name = "Qwen3.5", "qwen3_5_text", "Qwen3_5ForCausalLM"
+    # the hybrid's switches: linear layers (any pattern), gated and QK-normed attention, RoPE on any share of a head
+    switches = {key: value for key, value in LLAMA_SWITCHES.items() if key not in ("linear_pattern", "rotary_fraction")
+                } | {"qk_norm": "rmsnorm", "attention_gate": True}
+    fixed = {"hidden_act": "silu", "attention_bias": False}
+    default_head_dim = 256
+    llama_cpp = None
+    no_llama_cpp = "Qwen3.5 has no llama.cpp export here: llama.cpp's qwen35 graph is not written"
+
+    def claims(self, cfg: ModelConfig) -> bool:
+        return cfg.linear_pattern is not None
+
+    def head_keys(self, cfg: ModelConfig) -> dict:
+        return {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+                "linear_num_key_heads": cfg.n_linear_key_heads, "linear_num_value_heads": cfg.n_linear_value_heads,
+                "linear_key_head_dim": cfg.linear_dim, "linear_value_head_dim": cfg.linear_dim,
+                "linear_conv_kernel_dim": cfg.linear_conv}
+
+    def window_keys(self, cfg: ModelConfig) -> dict:
+        return {"layer_types": ["linear_attention" if linear else "full_attention" for linear in cfg.linear_layers]}
+
+    def rope_keys(self, cfg: ModelConfig) -> dict:
+        return {"partial_rotary_factor": cfg.rotary_fraction}
+
+    def attention_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
+        if not isinstance(attn, GatedDeltaNet):
+            H, H_kv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+            return {ours + "qkv.weight": [(theirs + "q_proj.weight", 2 * H * D), (theirs + "k_proj.weight", H_kv * D),
+                                          (theirs + "v_proj.weight", H_kv * D)],
+                    ours + "out.weight": [(theirs + "o_proj.weight", cfg.d_model)]} | qk_norm_names(cfg, ours, theirs)
+        theirs = theirs.removesuffix("self_attn.") + "linear_attn."
+        H_v, D = attn.value_heads, attn.head_dim
+        return {ours + name: [(theirs + hf_name, rows)] for name, hf_name, rows in (
+            ("qkv.weight", "in_proj_qkv.weight", attn.qkv.out_features),
+            ("conv.weight", "conv1d.weight", attn.qkv.out_features),
+            ("decay_proj.weight", "in_proj_a.weight", H_v), ("beta_proj.weight", "in_proj_b.weight", H_v),
+            ("gate.weight", "in_proj_z.weight", H_v * D), ("A_log", "A_log", H_v), ("dt_bias", "dt_bias", H_v),
+            ("norm.weight", "norm.weight", D), ("out.weight", "out_proj.weight", cfg.d_model))}
+
+    def to_hf(self, state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
+        cfg, out = model.cfg, dict(state)
+        for name in self.norm_names(model):
+            out[name] = out[name] - 1
+        H, D = cfg.n_heads, cfg.head_dim
+        for i in attention_layers(model):
+            q, kv = out[f"blocks.{i}.attn.qkv.weight"].split([H * D, 2 * cfg.n_kv_heads * D])
+            gate = out.pop(f"blocks.{i}.attn.gate.weight")
+            per_head = torch.stack([q.view(H, D, -1), gate.view(H, D, -1)], dim=1)  # [H, (q, gate), D, d]
+            out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([per_head.flatten(0, 2), kv])
+        return out
+
+    def from_hf(self, state: dict[str, torch.Tensor], model: Transformer, hf_state: dict[str, torch.Tensor],
+                config: dict, extra: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        cfg, out = model.cfg, dict(state)
+        for name in self.norm_names(model):
+            out[name] = out[name] + 1
+        H, D = cfg.n_heads, cfg.head_dim
+        for i in attention_layers(model):
+            rows, kv = out[f"blocks.{i}.attn.qkv.weight"].split([2 * H * D, 2 * cfg.n_kv_heads * D])
+            query, gate = rows.view(H, 2, D, -1).unbind(1)
+            out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([query.flatten(0, 1), kv])
+            out[f"blocks.{i}.attn.gate.weight"] = gate.flatten(0, 1)
+        return out
+
+    @staticmethod
+    def norm_names(model: Transformer) -> list[str]:
+        """The (1 + w) RMSNorms: every block's two, the final one, and the attention layers' q and k norms."""
+        cfg = model.cfg
+        qk = {f"blocks.{i}.attn.qk_norm.{x}_norm.weight" for i in range(cfg.n_layers) for x in "qk"}
+        attention_qk = {f"blocks.{i}.attn.qk_norm.{x}_norm.weight" for i in attention_layers(model) for x in "qk"}
+        return [name for name in norm_names(cfg) if name not in qk or name in attention_qk]
+
+    def read(self, hf: dict) -> dict:
+        """With partial_rotary_factor as one key, wherever config.json has it (transformers reads it into
+        rope_parameters), and the RoPE settings without it."""
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        share = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", PARTIAL_ROTARY_FACTOR))
+        ropes = {key: {k: v for k, v in hf[key].items() if k not in ("partial_rotary_factor", "mrope_section",
+                                                                      "mrope_interleaved")}
+                 for key in ("rope_parameters", "rope_scaling") if hf.get(key)}
+        return super().read(hf) | ropes | {"partial_rotary_factor": share}
+
+    def window_settings(self, hf: dict, n_layers: int, context: int) -> dict:
+        return {}  # Qwen3.5 has no sliding window; its layer_types are read by attention_settings
+
+    def attention_settings(self, hf: dict) -> dict:
+        """The linear layers (layer_types, or every fourth layer attention) and their sizes, the gate, the RoPE share."""
+        n_layers = hf["num_hidden_layers"]
+        types = hf.get("layer_types") or ["full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0
+                                          else "linear_attention" for i in range(n_layers)]
+        unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+        pattern = window_pattern_of([kind == "linear_attention" for kind in types])
+        if unknown or pattern is None or pattern == "all":
+            raise InteropError(f"layer_types={types} is not supported; this repo's linear layers are every other one "
+                               f"from the first (alternate) or N linear to one attention (N:1)")
+        key_dim, value_dim = (hf.get(key, 128) for key in ("linear_key_head_dim", "linear_value_head_dim"))
+        if key_dim != value_dim:
+            raise InteropError(f"linear_value_head_dim={value_dim} is not supported; this repo's linear heads have "
+                               f"one width, linear_key_head_dim={key_dim}")
+        return {"linear_pattern": pattern, "linear_key_heads": hf.get("linear_num_key_heads", 16),
+                "linear_value_heads": hf.get("linear_num_value_heads", 32), "linear_head_dim": key_dim,
+                "linear_conv": hf.get("linear_conv_kernel_dim", 4), "rotary_fraction": float(hf["partial_rotary_factor"])}
+
+
+FAMILY = Qwen3_5()
