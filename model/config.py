@@ -129,6 +129,7 @@ class ModelConfig:
     linear_head_dim: int | None = None  # d_k = d_v of each linear head (null: the attention's head dim)
     linear_conv: int = 4  # the causal depthwise conv's kernel K
     linear_chunk: int = 64  # the chunked form's chunk: how training and a prefill run it; the result is the same
+    linear_delta_rule: bool = True  # false: gated linear attention, the delta rule's correction dropped (the study's)
 
     def __post_init__(self):
         self.validate()

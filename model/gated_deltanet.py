@@ -12,7 +12,8 @@ place taken by a fixed-size state, which the cache holds instead of one K and V 
 
 S is a key -> value memory: k_t^T S is what it recalls for k_t, and each step writes beta_t (v_t - that recall) at
 k_t (the delta rule: one step of online least squares), after alpha_t has faded everything (the gate). Without the
-delta rule's correction it is gated linear attention (Mamba-2's update, S_t = alpha_t S_{t-1} + k_t v_t^T).
+delta rule's correction (model.linear_delta_rule=false, for the study) it is gated linear attention, Mamba-2's update:
+S_t = alpha_t S_{t-1} + k_t v_t^T, with no beta.
 
 Two forms compute the same o (tests/test_gated_deltanet.py holds them and a naive reference to 1e-10 in float64):
   recurrent  one position at a time (recurrent_delta_rule): the decode step, O(H_v d_k d_v) whatever the length
@@ -53,45 +54,53 @@ def l2_normalised(x: torch.Tensor) -> torch.Tensor:
 
 
 def recurrent_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-                         beta: torch.Tensor, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                         beta: torch.Tensor | None, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k: [B, H, T, d_k] (normalised, q scaled), v: [B, H, T, d_v], log_decay = log alpha and beta: [B, H, T],
-    state: [B, H, d_k, d_v] -> (o [B, H, T, d_v], the state after the last position); one position at a time."""
+    state: [B, H, d_k, d_v] -> (o [B, H, T, d_v], the state after the last position); one position at a time.
+    beta None: no delta rule, each v_t written whole (gated linear attention)."""
     outputs = []
     for t in range(q.shape[2]):
         state = state * log_decay[:, :, t, None, None].exp()
         k_t = k[:, :, t]
-        recalled = torch.einsum("bhk,bhkv->bhv", k_t, state)
-        correction = beta[:, :, t, None] * (v[:, :, t] - recalled)
+        if beta is None:
+            correction = v[:, :, t]
+        else:
+            recalled = torch.einsum("bhk,bhkv->bhv", k_t, state)
+            correction = beta[:, :, t, None] * (v[:, :, t] - recalled)
         state = state + k_t.unsqueeze(-1) * correction.unsqueeze(-2)
         outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
     return torch.stack(outputs, dim=2), state
 
 
 def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
-                       beta: torch.Tensor, state: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+                       beta: torch.Tensor | None, state: torch.Tensor, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """recurrent_delta_rule's result, chunk positions at a time (the module docstring's chunked form). The sequence is
-    padded to a whole number of chunks with beta = 0 (no write) and log_decay = 0 (no fading): the state passes the
-    padding unchanged."""
+    padded to a whole number of chunks with v = 0 and beta = 0 (no write) and log_decay = 0 (no fading): the state
+    passes the padding unchanged. beta None: no delta rule, U = V."""
     B, H, T, d_k = k.shape
     pad = -T % chunk
     q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, chunk)) for x in (q, k, v))  # [B, H, N, C, d]
-    log_decay, beta = (F.pad(x, (0, pad)).unflatten(2, (-1, chunk)) for x in (log_decay, beta))  # [B, H, N, C]
+    log_decay = F.pad(log_decay, (0, pad)).unflatten(2, (-1, chunk))  # [B, H, N, C]
     gamma = log_decay.cumsum(-1)  # log Gamma_i, from the chunk's start
     # Gamma_i / Gamma_j for j <= i, 0 above: exp of a difference <= 0, never of a growing product
     later = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
     decay = (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).masked_fill(later, -math.inf).exp()  # [B, H, N, C, C]
-    written = (beta.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).tril(-1)  # A
-    system = written + torch.eye(chunk, dtype=q.dtype, device=q.device)  # I + A, unit lower triangular
-    new_values = torch.linalg.solve_triangular(system, beta.unsqueeze(-1) * v, upper=False, unitriangular=True)
-    faded_keys = torch.linalg.solve_triangular(system, (beta * gamma.exp()).unsqueeze(-1) * k, upper=False,
-                                               unitriangular=True)  # U = new_values - faded_keys S_0
+    if beta is None:  # every value written whole: U = V, nothing of S_0 to subtract
+        new_values, faded_keys = v, None
+    else:
+        beta = F.pad(beta, (0, pad)).unflatten(2, (-1, chunk))
+        written = (beta.unsqueeze(-1) * decay * (k @ k.transpose(-1, -2))).tril(-1)  # A
+        system = written + torch.eye(chunk, dtype=q.dtype, device=q.device)  # I + A, unit lower triangular
+        new_values = torch.linalg.solve_triangular(system, beta.unsqueeze(-1) * v, upper=False, unitriangular=True)
+        faded_keys = torch.linalg.solve_triangular(system, (beta * gamma.exp()).unsqueeze(-1) * k, upper=False,
+                                                   unitriangular=True)  # U = new_values - faded_keys S_0
     scores = (q @ k.transpose(-1, -2)) * decay
     q_faded = q * gamma.exp().unsqueeze(-1)
     k_to_end = k * (gamma[..., -1:] - gamma).exp().unsqueeze(-1)
     chunk_decay = gamma[..., -1].exp()
     outputs = []
     for n in range(q.shape[2]):
-        corrected = new_values[:, :, n] - faded_keys[:, :, n] @ state
+        corrected = new_values[:, :, n] if faded_keys is None else new_values[:, :, n] - faded_keys[:, :, n] @ state
         outputs.append(q_faded[:, :, n] @ state + scores[:, :, n] @ corrected)
         state = state * chunk_decay[:, :, n, None, None] + k_to_end[:, :, n].transpose(-1, -2) @ corrected
     return torch.cat(outputs, dim=2)[:, :, :T], state
@@ -110,6 +119,8 @@ class GatedDeltaNet(nn.Module):
         if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
             raise ConfigError(f"model.linear_pattern={pattern!r} must be {WINDOW_PATTERNS.replace('local', 'linear')}"
                               f", or null for attention in every layer")
+        if not isinstance(cfg.linear_delta_rule, bool):
+            raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} must be true or false")
         for key in (*SIZES, "linear_conv", "linear_chunk"):
             value = getattr(cfg, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -126,7 +137,8 @@ class GatedDeltaNet(nn.Module):
             setting = f"model.window={cfg.window}" if cfg.window is not None else "model.sinks=true"
             raise ConfigError(f"{setting} with model.linear_pattern={pattern}: the hybrid's attention layers are "
                               f"global here (Qwen3-Next's and Qwen3.5's), and a linear layer has no keys to window")
-        if all(cfg.linear_layers):  # no attention layer: the attention's own switches would change nothing
+        if pattern == "all":  # no attention layer: the attention's own switches would change nothing (an N:1 pattern
+            # deeper than the model, all linear at its depth, is taken as the window's 5:1 at 4 layers is)
             changed = [f"model.{key}={getattr(cfg, key)}" for key, default in ATTENTION_SETTINGS.items()
                        if getattr(cfg, key) != default]
             changed += ["model.position=rope"] * (cfg.position == "rope")
@@ -138,7 +150,10 @@ class GatedDeltaNet(nn.Module):
 
     @classmethod
     def refuse_settings(cls, cfg) -> None:
-        """Another attention is chosen: each of SIZES is left unset."""
+        """Another attention is chosen: each of SIZES is left unset, the delta rule as it is."""
+        if cfg.linear_delta_rule is not True:
+            raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} is a setting of "
+                              f"attention=gated_deltanet, but this model has no linear layer (model.linear_pattern=null)")
         for key in SIZES:
             if getattr(cfg, key) is not None:
                 raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of attention=gated_deltanet, but "
@@ -169,7 +184,7 @@ class GatedDeltaNet(nn.Module):
         channels = self.qkv.out_features
         self.conv = nn.Conv1d(channels, channels, cfg.linear_conv, groups=channels, bias=False)
         self.decay_proj = nn.Linear(d, H_v, bias=cfg.bias)  # a
-        self.beta_proj = nn.Linear(d, H_v, bias=cfg.bias)  # b
+        self.beta_proj = nn.Linear(d, H_v, bias=cfg.bias) if cfg.linear_delta_rule else None  # b
         self.gate = nn.Linear(d, H_v * D, bias=cfg.bias)  # z
         # Mamba-2's init: A ~ U(1, 16), and a step dt = softplus(dt_bias) log-uniform in [1e-3, 1e-1] at a = 0, so
         # that the heads start with memories from a few to a few thousand positions
@@ -190,9 +205,9 @@ class GatedDeltaNet(nn.Module):
         (k^T S, the rank-one write, S^T q: 2 d_k d_v each). The chunked form that training runs spends more (its
         C x C products), which this does not count, as the attention's count leaves out a kernel's masked work."""
         H_k, H_v, D, d = cfg.n_linear_key_heads, cfg.n_linear_value_heads, cfg.linear_dim, cfg.d_model
-        channels = (2 * H_k + H_v) * D
-        projections = 2 * d * channels + 2 * d * 2 * H_v + 2 * d * H_v * D + 2 * H_v * D * d
-        return projections + 2 * cfg.linear_conv * channels + 3 * 2 * H_v * D * D
+        channels, delta = (2 * H_k + H_v) * D, cfg.linear_delta_rule  # without the delta rule: no W_b, no k^T S
+        projections = 2 * d * channels + 2 * d * (1 + delta) * H_v + 2 * d * H_v * D + 2 * H_v * D * d
+        return projections + 2 * cfg.linear_conv * channels + (2 + delta) * 2 * H_v * D * D
 
     def logit_bound(self) -> None:
         """No softmax logits (Attention.logit_bound)."""
@@ -215,8 +230,8 @@ class GatedDeltaNet(nn.Module):
                 for t in (q, k))
         v = v.view(B, T, H_v, D).transpose(1, 2)
         log_decay = -self.A_log.exp() * F.softplus(self.decay_proj(x) + self.dt_bias)  # [B, T, H_v]
-        beta = self.beta_proj(x).sigmoid()
-        return q / math.sqrt(D), k, v, log_decay.transpose(1, 2), beta.transpose(1, 2), history
+        beta = None if self.beta_proj is None else self.beta_proj(x).sigmoid().transpose(1, 2)
+        return q / math.sqrt(D), k, v, log_decay.transpose(1, 2), beta, history
 
     def forward(self, x: torch.Tensor, start: int = 0, cache: StateCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape

@@ -114,9 +114,10 @@ class Transformer(nn.Module):
                 module.after_optimizer_step(reduce)
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
-        """What each position a full layer holds costs, over every layer (a local layer holds only its window's):
-        a cache of one position, which every layer holds."""
-        return self.kv_cache_bytes(1, dtype=dtype)
+        """What one more position costs the cache, over every layer: a second position's bytes less the first's, so
+        that a linear layer's fixed state (model/gated_deltanet.py) counts nothing here (a local layer of a window of
+        one position would not either; its one slot is then as fixed)."""
+        return self.kv_cache_bytes(2, dtype=dtype) - self.kv_cache_bytes(1, dtype=dtype)
 
     def kv_cache_bytes(self, positions: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
         """The bytes new_kv_cache(batch, positions) allocates: each layer's, as its attention counts them."""

@@ -86,6 +86,18 @@ def test_moe_tiny_is_modern_tiny_with_the_studys_experts_at_llama_tinys_active_p
     assert (moe.train.optimizer, moe.train.lr, moe.train.min_lr) == ("muon", modern.train.lr, modern.train.min_lr)
 
 
+def test_qwen35_tiny_is_the_3to1_hybrid_at_llama_tinys_parameters():
+    """Three Gated DeltaNet layers, then one attention layer with the output gate, QK-norm and RoPE on a quarter of
+    each head; a wider SwiGLU gives the parameters back: llama_tiny's less 3,448 (0.4%), at llama_tiny's peak lr."""
+    llama, qwen = (compose_config([f"model={preset}"]) for preset in ("llama_tiny", "qwen35_tiny"))
+    model = Transformer(model_config(qwen))
+    assert [type(block.attn).__name__ for block in model.blocks] == 3 * ["GatedDeltaNet"] + ["Attention"]
+    attention = model.blocks[3].attn
+    assert attention.gate is not None and attention.qk_norm is not None and model.rotary.head_dim == 32 // 4
+    assert Transformer(model_config(llama)).num_params() - model.num_params() == 3_448
+    assert (qwen.train.optimizer, qwen.train.lr) == ("adamw", llama.train.lr)
+
+
 def test_gptoss_tiny_is_llama_tiny_with_alternating_windows_sinks_and_experts():
     """gpt-oss's parts on llama_tiny's sizes: local layers of a quarter-context window first and in turn, a sink logit
     per head, top-4 of 16 experts whose active width is llama_tiny's d_ff, at llama_tiny's peak lr."""

@@ -33,8 +33,8 @@ def linear_model(pattern: str, seed: int = 0, **settings) -> Transformer:
 
 def naive_delta_rule(q, k, v, log_decay, beta, state):
     """The issue's recurrence as written, S [d_v, d_k]: S_t = alpha_t S_{t-1} (I - beta_t k_t k_t^T) + beta_t v_t
-    k_t^T, o_t = S_t q_t, one (batch, head) at a time with explicit matrices. state: [B, H, d_k, d_v] (the layer's
-    orientation), transposed in and out."""
+    k_t^T, o_t = S_t q_t, one (batch, head) at a time with explicit matrices; beta None: S_t = alpha_t S_{t-1} + v_t
+    k_t^T (gated linear attention). state: [B, H, d_k, d_v] (the layer's orientation), transposed in and out."""
     B, H, T, d_k = k.shape
     out = torch.zeros(*v.shape, dtype=v.dtype)
     final = torch.zeros_like(state)
@@ -43,8 +43,12 @@ def naive_delta_rule(q, k, v, log_decay, beta, state):
             S = state[b, h].T.clone()
             for t in range(T):
                 k_t, v_t = k[b, h, t][:, None], v[b, h, t][:, None]
-                alpha, beta_t = log_decay[b, h, t].exp(), beta[b, h, t]
-                S = alpha * S @ (torch.eye(d_k, dtype=S.dtype) - beta_t * k_t @ k_t.T) + beta_t * v_t @ k_t.T
+                alpha = log_decay[b, h, t].exp()
+                if beta is None:
+                    S = alpha * S + v_t @ k_t.T
+                else:
+                    S = alpha * S @ (torch.eye(d_k, dtype=S.dtype) - beta[b, h, t] * k_t @ k_t.T) + \
+                        beta[b, h, t] * v_t @ k_t.T
                 out[b, h, t] = S @ q[b, h, t]
             final[b, h] = S.T
     return out, final
@@ -60,10 +64,13 @@ def random_inputs(T: int, seed: int):
     return q / math.sqrt(d_k), k, normal(B, H, T, d_v), log_decay, beta, normal(B, H, d_k, d_v)
 
 
+@pytest.mark.parametrize("delta_rule", [True, False], ids=["delta_rule", "gated_linear"])
 @pytest.mark.parametrize("T, chunk", [(1, 4), (7, 4), (8, 4), (13, 16), (12, 1)])
-def test_the_chunked_and_recurrent_forms_are_the_naive_recurrence(T, chunk):
-    """From a state of its own (a prefill after earlier tokens), at chunk sizes that do and do not divide T."""
+def test_the_chunked_and_recurrent_forms_are_the_naive_recurrence(T, chunk, delta_rule):
+    """From a state of its own (a prefill after earlier tokens), at chunk sizes that do and do not divide T; with the
+    delta rule and without it (model.linear_delta_rule=false)."""
     q, k, v, log_decay, beta, state = random_inputs(T, seed=T)
+    beta = beta if delta_rule else None
     expected, expected_state = naive_delta_rule(q, k, v, log_decay, beta, state)
     for out, final in (recurrent_delta_rule(q, k, v, log_decay, beta, state),
                        chunked_delta_rule(q, k, v, log_decay, beta, state, chunk)):
@@ -164,6 +171,7 @@ def test_the_gate_and_partial_rope_are_their_formulas():
     (dict(linear_pattern="3:1", window=4), "model.window=4 with model.linear_pattern=3:1: the hybrid's attention"),
     (dict(linear_pattern="3:1", linear_conv=1), "model.linear_conv=1 must be at least 2"),
     (dict(linear_head_dim=8), "model.linear_head_dim=8 is a setting of attention=gated_deltanet"),
+    (dict(linear_delta_rule=False), "model.linear_delta_rule=False is a setting of attention=gated_deltanet"),
     (dict(rotary_fraction=0.3), "model.rotary_fraction=0.3 turns 2.4 of each head's 8 dims"),
     (dict(rotary_fraction=0.5, position="none"), "model.rotary_fraction=0.5 is RoPE's share of each head, but"),
     (dict(kv_rank=8, n_kv_heads=4, attention_gate=True), "model.attention_gate=true with attention=mla")])
@@ -171,6 +179,15 @@ def test_settings_that_cannot_be_are_refused_with_their_reason(settings, message
     with pytest.raises(ConfigError) as error:
         ModelConfig(**TINY | settings)
     assert message in str(error.value)
+
+
+def test_without_the_delta_rule_a_layer_has_no_beta_and_still_caches_its_state():
+    """model.linear_delta_rule=false: no W_b; cached greedy text equals recomputation past the context, as with it."""
+    model = linear_model("all", linear_delta_rule=False)
+    assert all(block.attn.beta_proj is None for block in model.blocks)
+    prompts = torch.randint(0, 64, (2, 5), generator=torch.Generator().manual_seed(7))
+    cached = torch.stack(list(Engine(model).generate(prompts.tolist(), 20, temperature=0)), dim=1)
+    assert torch.equal(cached, recomputed_greedy(model, prompts, 20))
 
 
 def test_each_layer_counts_its_own_flops():

@@ -44,7 +44,7 @@ class Qwen3_5(Family):
     name, model_type, class_name = "Qwen3.5", "qwen3_5_text", "Qwen3_5ForCausalLM"
     # the hybrid's switches: linear layers (any pattern), gated and QK-normed attention, RoPE on any share of a head
     switches = {key: value for key, value in LLAMA_SWITCHES.items() if key not in ("linear_pattern", "rotary_fraction")
-                } | {"qk_norm": "rmsnorm", "attention_gate": True}
+                } | {"qk_norm": "rmsnorm", "attention_gate": True, "linear_delta_rule": True}
     fixed = {"hidden_act": "silu", "attention_bias": False}
     default_head_dim = 256
     llama_cpp = None
