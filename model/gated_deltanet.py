@@ -40,6 +40,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.attention import WINDOW_PATTERNS, Attention, local_run_of
+from model.checks import refuse_set
 from model.kv_cache import CacheField, PerPosition, StateCache
 from model.norms import RMSNorm
 from model.positions import Rotary
@@ -154,10 +155,7 @@ class GatedDeltaNet(nn.Module):
         if cfg.linear_delta_rule is not True:
             raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} is a setting of "
                               f"attention=gated_deltanet, but this model has no linear layer (model.linear_pattern=null)")
-        for key in SIZES:
-            if getattr(cfg, key) is not None:
-                raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of attention=gated_deltanet, but "
-                                  f"this model has no linear layer (model.linear_pattern=null)")
+        refuse_set(cfg, SIZES, "attention=gated_deltanet", "no linear layer (model.linear_pattern=null)")
 
     @classmethod
     def rope_dim(cls, cfg) -> int:

@@ -31,6 +31,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.attention import Attention, last_positions_mask, mean_keys_seen
+from model.checks import refuse_set
 from model.kv_cache import CacheField, FullCache, PerPosition
 from model.norms import RMSNorm
 from model.positions import Rotary
@@ -86,10 +87,7 @@ class LatentAttention(nn.Module):
     @classmethod
     def refuse_settings(cls, cfg) -> None:
         """Another attention is chosen: each of SETTINGS is left unset."""
-        for key in SETTINGS:
-            if getattr(cfg, key) is not None:
-                raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is a setting of attention=mla, but this "
-                                  f"model has no latent (model.kv_rank=null)")
+        refuse_set(cfg, SETTINGS, "attention=mla", "no latent (model.kv_rank=null)")
 
     @classmethod
     def rope_dim(cls, cfg) -> int:
