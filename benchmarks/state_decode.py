@@ -62,12 +62,12 @@ def decoder(model: Transformer, context: int, steps: int, rounds: int):
     cache = model.new_kv_cache(1, context + (steps + 1) * rounds)
     for start in range(0, context, PREFILL_CHUNK):
         logits = model(tokens[:, start:start + PREFILL_CHUNK], start, cache, last_only=True)
-    position = [context]
+    position = context
 
     def step() -> None:
-        nonlocal logits
-        logits = model(logits[:, -1].argmax(-1, keepdim=True), position[0], cache, last_only=True)
-        position[0] += 1
+        nonlocal logits, position
+        logits = model(logits[:, -1].argmax(-1, keepdim=True), position, cache, last_only=True)
+        position += 1
 
     def run() -> float:
         with torch.inference_mode():

@@ -39,7 +39,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
-from model.checks import is_number
+from model.checks import is_number, is_whole
 from model.positions import Rotary
 from model.qk_norm import QKNorm
 from parsing import whole_number
@@ -61,8 +61,7 @@ class Attention(nn.Module):
         """The rules of its own settings, the window's and the sinks' (model.window, window_pattern, sinks): a
         ConfigError naming the first one broken."""
         window, pattern = cfg.window, cfg.window_pattern
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool)
-                                   or not 1 <= window < cfg.context_length):
+        if window is not None and (not is_whole(window) or window >= cfg.context_length):
             raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
                               f"{cfg.context_length}), or null for full attention")
         if pattern not in ("all", "alternate") and local_run_of(pattern) is None:

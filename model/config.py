@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from errors import ConfigError
 from model.attention import local_run_of
 from model.block import attention_class, validate_kinds
-from model.checks import is_number
+from model.checks import is_number, is_whole
 from model.ffn import hidden_width
 from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
@@ -210,9 +210,9 @@ class ModelConfig:
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "context_length",
                     "ffn_multiple_of"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            if not is_whole(value):
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
-        if self.d_ff is not None and (not isinstance(self.d_ff, int) or isinstance(self.d_ff, bool) or self.d_ff <= 0):
+        if self.d_ff is not None and not is_whole(self.d_ff):
             raise ConfigError(f"model.d_ff={self.d_ff!r} must be a positive integer, or null for the FFN's rule")
         for key, options in (("norm", NORMS), ("norm_position", NORM_POSITIONS), ("position", POSITIONS),
                              ("ffn", FFNS), ("qk_norm", QK_NORMS), ("embedding_scale", EMBEDDING_SCALES)):
@@ -250,8 +250,7 @@ class ModelConfig:
         if not (is_number(self.rope_factor) and 0 < self.rope_factor < math.inf):
             raise ConfigError(f"model.rope_factor={self.rope_factor!r} must be a positive number")
         original = self.rope_original_context
-        if original is not None and (not isinstance(original, int) or isinstance(original, bool)
-                                     or not 2 <= original <= self.context_length):
+        if original is not None and (not is_whole(original, 2) or original > self.context_length):
             raise ConfigError(f"model.rope_original_context={original!r} must be an integer in [2, "
                               f"model.context_length={self.context_length}] (null: model.context_length)")
         if self.rope_scaling == "none":

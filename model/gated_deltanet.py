@@ -40,7 +40,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.attention import WINDOW_PATTERNS, Attention, local_run_of
-from model.checks import refuse_set
+from model.checks import is_whole, refuse_set
 from model.kv_cache import CacheField, PerPosition, StateCache
 from model.norms import RMSNorm
 from model.positions import Rotary
@@ -52,6 +52,14 @@ ATTENTION_SETTINGS = {"attention_gate": False, "rotary_fraction": 1.0, "qk_norm"
 
 def l2_normalised(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2_EPS)
+
+
+def faded(gamma: torch.Tensor) -> torch.Tensor:
+    """gamma: [..., T], the log of the gate's product from the start to each position -> Gamma_i / Gamma_j: [..., T, T]
+    for j <= i, 0 above; exp of a difference <= 0, never of a growing product."""
+    T = gamma.shape[-1]
+    later = torch.ones(T, T, dtype=torch.bool, device=gamma.device).triu(1)
+    return (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).masked_fill(later, -math.inf).exp()
 
 
 def recurrent_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_decay: torch.Tensor,
@@ -83,9 +91,7 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_de
     q, k, v = (F.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, chunk)) for x in (q, k, v))  # [B, H, N, C, d]
     log_decay = F.pad(log_decay, (0, pad)).unflatten(2, (-1, chunk))  # [B, H, N, C]
     gamma = log_decay.cumsum(-1)  # log Gamma_i, from the chunk's start
-    # Gamma_i / Gamma_j for j <= i, 0 above: exp of a difference <= 0, never of a growing product
-    later = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
-    decay = (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).masked_fill(later, -math.inf).exp()  # [B, H, N, C, C]
+    decay = faded(gamma)  # [B, H, N, C, C]
     if beta is None:  # every value written whole: U = V, nothing of S_0 to subtract
         new_values, faded_keys = v, None
     else:
@@ -124,7 +130,7 @@ class GatedDeltaNet(nn.Module):
             raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} must be true or false")
         for key in (*SIZES, "linear_conv", "linear_chunk"):
             value = getattr(cfg, key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            if value is not None and not is_whole(value):
                 raise ConfigError(f"model.{key}={value!r} must be a positive integer")
         if cfg.n_linear_value_heads % cfg.n_linear_key_heads:
             raise ConfigError(f"model.linear_value_heads={cfg.n_linear_value_heads} must be a multiple of "
@@ -250,10 +256,7 @@ class GatedDeltaNet(nn.Module):
         q . k, (Gamma_i / Gamma_j) q_i . k_j for j <= i, [B, H_v, T, T] over x's own positions: o would be these
         times the values if the delta rule corrected nothing. Rows need not sum to 1."""
         q, k, _, log_decay, _, _ = self.heads(x)
-        gamma = log_decay.cumsum(-1)
-        T = x.shape[1]
-        later = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-        return (q @ k.transpose(-1, -2)) * (gamma.unsqueeze(-1) - gamma.unsqueeze(-2)).masked_fill(later, -math.inf).exp()
+        return (q @ k.transpose(-1, -2)) * faded(log_decay.cumsum(-1))
 
     # The cache: its attention layers' K and V per position (a hybrid's; Attention's), and per linear layer a fixed
     # state (PerPosition.state_terms): S and the conv's history

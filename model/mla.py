@@ -31,7 +31,7 @@ from torch import nn
 
 from errors import ConfigError
 from model.attention import Attention, last_positions_mask, mean_keys_seen
-from model.checks import refuse_set
+from model.checks import is_whole, refuse_set
 from model.kv_cache import CacheField, FullCache, PerPosition
 from model.norms import RMSNorm
 from model.positions import Rotary
@@ -51,7 +51,7 @@ class LatentAttention(nn.Module):
         ConfigError naming the first one broken."""
         for key in ("kv_rank", *SETTINGS):
             value, least = getattr(cfg, key), 0 if key == "rope_head_dim" else 1
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+            if value is not None and not is_whole(value, least):
                 raise ConfigError(f"model.{key}={value!r} must be a {'non-negative' if least == 0 else 'positive'} "
                                   f"integer")
         compressed = cfg.n_heads * (cfg.head_dim + cfg.value_dim)

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
-from model.checks import is_number
+from model.checks import is_number, is_whole
 from model.ffn import FeedForward
 
 
@@ -75,7 +75,7 @@ class MoE(nn.Module):
             value, least = getattr(cfg, key), {"n_experts": 2, "n_shared_experts": 0, "dense_layers": 0}.get(key, 1)
             if key == "expert_d_ff" and value is None:  # the rule: expert_width
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            if not is_whole(value, least):
                 raise ConfigError(f"model.{key}={value!r} must be an integer >= {least} with ffn=moe")
         if cfg.experts_per_token > cfg.n_experts:
             raise ConfigError(f"model.experts_per_token={cfg.experts_per_token} must be at most "
