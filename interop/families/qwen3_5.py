@@ -27,13 +27,11 @@ import torch
 from interop import InteropError
 from interop.families.base import LLAMA_SWITCHES, Family
 from interop.families.qwen3 import qk_norm_names
-from interop.families.qwen3_next import norm_names
+from interop.families.qwen3_next import norm_names, partial_rope
 from interop.layout import Names
 from model.config import ModelConfig, window_pattern_of
 from model.gated_deltanet import GatedDeltaNet
 from model.transformer import Transformer
-
-PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3_5TextConfig's default
 
 
 def attention_layers(model: Transformer) -> list[int]:
@@ -114,14 +112,8 @@ class Qwen3_5(Family):
         return [name for name in norm_names(cfg) if name not in qk or name in attention_qk]
 
     def read(self, hf: dict) -> dict:
-        """With partial_rotary_factor as one key, wherever config.json has it (transformers reads it into
-        rope_parameters), and the RoPE settings without it."""
-        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-        share = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", PARTIAL_ROTARY_FACTOR))
-        ropes = {key: {k: v for k, v in hf[key].items() if k not in ("partial_rotary_factor", "mrope_section",
-                                                                      "mrope_interleaved")}
-                 for key in ("rope_parameters", "rope_scaling") if hf.get(key)}
-        return super().read(hf) | ropes | {"partial_rotary_factor": share}
+        """partial_rope's reading; the multimodal RoPE's sections, which text's positions make plain RoPE, dropped."""
+        return super().read(hf) | partial_rope(hf, ("partial_rotary_factor", "mrope_section", "mrope_interleaved"))
 
     def window_settings(self, hf: dict, n_layers: int, context: int) -> dict:
         return {}  # Qwen3.5 has no sliding window; its layer_types are read by attention_settings

@@ -36,7 +36,7 @@ from interop.layout import Names, dense_ffn_names
 from model.config import ModelConfig
 from model.transformer import Transformer
 
-PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3NextConfig's default: the share of each head that RoPE turns
+PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3NextConfig's and Qwen3_5TextConfig's default: the share of each head RoPE turns
 FULL_ATTENTION_INTERVAL = 4  # its default layer_types: every 4th layer attention, the others Gated DeltaNet
 GATE_SCALE = 2.0  # 1 / sigmoid(0): what the down projections after a zero gate are multiplied by
 
@@ -66,6 +66,17 @@ def ungated_rows(rows: torch.Tensor, cfg: ModelConfig, layer: int) -> torch.Tens
 
 def rotary_share(rope: dict | None) -> float | None:
     return (rope or {}).get("partial_rotary_factor")
+
+
+def partial_rope(hf: dict, dropped: tuple[str, ...] = ("partial_rotary_factor",)) -> dict:
+    """A Qwen config.json's RoPE settings with its partial_rotary_factor as one key, wherever config.json has it
+    (transformers reads it into rope_parameters; default PARTIAL_ROTARY_FACTOR), and the RoPE settings without the
+    `dropped` keys, which this repo reads there or has no counterpart for."""
+    share = next((s for s in (rotary_share(hf.get("rope_parameters")), rotary_share(hf.get("rope_scaling")),
+                              hf.get("partial_rotary_factor")) if s is not None), PARTIAL_ROTARY_FACTOR)
+    ropes = {key: {k: v for k, v in hf[key].items() if k not in dropped}
+             for key in ("rope_parameters", "rope_scaling") if hf.get(key)}
+    return ropes | {"partial_rotary_factor": share}
 
 
 class Qwen3Next(Qwen3Moe):
@@ -140,13 +151,7 @@ class Qwen3Next(Qwen3Moe):
         return out
 
     def read(self, hf: dict) -> dict:
-        """With partial_rotary_factor as one key, wherever config.json has it (transformers reads it into
-        rope_parameters), and the RoPE settings without it."""
-        share = next((s for s in (rotary_share(hf.get("rope_parameters")), rotary_share(hf.get("rope_scaling")),
-                                  hf.get("partial_rotary_factor")) if s is not None), PARTIAL_ROTARY_FACTOR)
-        ropes = {key: {k: v for k, v in hf[key].items() if k != "partial_rotary_factor"}
-                 for key in ("rope_parameters", "rope_scaling") if hf.get(key)}
-        return super().read(hf) | ropes | {"partial_rotary_factor": share}
+        return super().read(hf) | partial_rope(hf)
 
     def model_config(self, hf: dict) -> ModelConfig:
         if hf["partial_rotary_factor"] != 1.0:
