@@ -93,10 +93,7 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
     print(f"{stage}: {len(todo)} runs, as one multirun (its output: {log})", flush=True)
     started, waiting, stopped_by = time.perf_counter(), list(todo), []
     with open(log, "a") as output:
-        # a session of its own: a terminal's Ctrl-C reaches this process alone, which passes it on exactly once
-        # (a second SIGINT would abort the runs before their checkpoints)
-        multirun = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    start_new_session=True, preexec_fn=die_with_parent)
+        multirun = start_multirun(command, output)
 
         def stop(signum, frame):
             if not stopped_by:
@@ -117,7 +114,10 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                           f"({time.perf_counter() - started:.0f} s into the stage)", flush=True)
                 if ended:
                     break
-                time.sleep(1)
+                try:  # a second between looks, or less: the stage ends as soon as its multirun does
+                    multirun.wait(timeout=1)
+                except subprocess.TimeoutExpired:
+                    pass
             multirun.wait()
         finally:
             for signum, handler in previous.items():
@@ -131,6 +131,14 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                            for p in waiting)
         raise RunFailed(f"{stage}: {len(waiting)} of {len(todo)} runs ended without a result: {failed}; "
                         f"their output: {log}")
+
+
+def start_multirun(command: list[str], output) -> subprocess.Popen:
+    """The stage's `python train.py -m ...`, its stdout and stderr into output. In a session of its own: a
+    terminal's Ctrl-C reaches this process alone, which passes it on exactly once (a second SIGINT would abort the
+    runs before their checkpoints)."""
+    return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+                            preexec_fn=die_with_parent)
 
 
 def write_point_config(plan: Path, point) -> None:

@@ -107,22 +107,23 @@ def run_script(script: Path, *args: str, preexec_fn=None, timeout: float = 300, 
     return subprocess.CompletedProcess(started.args, started.returncode, out, err)
 
 
-def start_script(script: Path, *args: str, preexec_fn=None, new_session: bool = False, env: dict | None = None
-                 ) -> "ForkedScript":
+def start_script(script: Path, *args: str, preexec_fn=None, new_session: bool = False, env: dict | None = None,
+                 output=None) -> "ForkedScript":
     """`python <script> <args>` started as subprocess.Popen(stdout=PIPE, stderr=PIPE, text=True) starts it, run by a
     fork of this process: the script's own code runs as __main__ in a process of its own (its signals, its exit, its
     state are its own), without the ~4 s a new interpreter spends importing torch and Hydra. preexec_fn runs in the
     fork before the script, as Popen's does; a resource limit it sets binds the captured stdout and stderr too, as
-    they are files here. new_session: the fork leads a process group of its own (Popen's start_new_session)."""
-    return ForkedScript(script, args, preexec_fn, new_session, env or {})
+    they are files here. new_session: the fork leads a process group of its own (Popen's start_new_session).
+    output: a file that takes both stdout and stderr (Popen's stdout=output, stderr=STDOUT), then not captured."""
+    return ForkedScript(script, args, preexec_fn, new_session, env or {}, output)
 
 
 class ForkedScript:
     """What start_script started: Popen's pid, poll, wait, send_signal, kill, communicate and returncode."""
 
-    def __init__(self, script: Path, args, preexec_fn, new_session: bool, env: dict):
+    def __init__(self, script: Path, args, preexec_fn, new_session: bool, env: dict, output=None):
         self.args, self.returncode = [str(script), *args], None
-        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._out, self._err = (output, output) if output else (tempfile.TemporaryFile(), tempfile.TemporaryFile())
         sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
         self.pid = os.fork()
         if self.pid == 0:

@@ -5,8 +5,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,9 +19,9 @@ from model import ModelConfig, Transformer
 from model.config import FFNS, NORM_POSITIONS, NORMS, POSITIONS, QK_NORMS
 from storage.checkpoint import save_checkpoint
 from cache_formula import kv_cache_bytes
+from data_helpers import ROOT, run_script
 from weights import far_from_init, ffn_settings
 
-REPO = Path(__file__).resolve().parents[1]
 KV_HEADS = (4, 2, 1)  # of n_heads = 4: one K/V head per query head, two groups, one shared head
 COMBINATIONS = list(itertools.product(NORMS, NORM_POSITIONS, POSITIONS, KV_HEADS, FFNS, QK_NORMS))
 
@@ -414,9 +412,9 @@ def test_sizes_past_the_memory_are_one_line_before_anything_is_allocated(run_dir
         "(the token window 8,000.0 GB, the KV cache 256,000.0 GB), more than the ")
 
 
-def test_generate_as_a_subprocess(run_dir, tokenizer):
-    result = subprocess.run([sys.executable, "generate.py", "--ckpt", str(run_dir), "--temperature", "0",
-                             "--max-new-tokens", "8", "--ignore-eos"], cwd=REPO, capture_output=True, text=True)
+def test_generate_as_a_script(run_dir, tokenizer):
+    result = run_script(ROOT / "generate.py", "--ckpt", str(run_dir), "--temperature", "0", "--max-new-tokens", "8",
+                        "--ignore-eos")
     assert result.returncode == 0, result.stderr
     assert "generated tokens 8 |" in result.stderr
     model = random_model(vocab_size=tokenizer.vocab_size, context_length=64)

@@ -227,12 +227,14 @@ def test_a_killed_job_costs_itself_alone_and_a_signal_stops_every_job_once(workd
 def test_a_launching_process_killed_outright_leaves_no_process_running(workdir, tiny, descendants):
     """kill -9 of the launching command (a closed terminal, an out-of-memory kill): its jobs get SIGTERM, save and
     stop, whichever process ran them (joblib's workers here), and every process it started ends: loky's workers,
-    which would wait for more tasks, and loky's resource trackers."""
+    which would wait for more tasks (the third one here, which never got a job, too), and loky's resource
+    trackers."""
     before = set(descendants.seen)
     sweep = workdir / "orphans" / "sweep"
     data = [o for o in tiny if o.startswith("data")]
+    two_jobs = [o for o in STOPPABLE if not o.startswith("train.seed=")] + ["train.seed=0,1"]
     started = start_script(ROOT / "train.py", "-m", *data, *SWEEP_SETTINGS, "hydra/launcher=joblib",
-                           "hydra.launcher.n_jobs=2", *STOPPABLE, f"hydra.sweep.dir={sweep}", new_session=True)
+                           "hydra.launcher.n_jobs=3", *two_jobs, f"hydra.sweep.dir={sweep}", new_session=True)
     jobs = [sweep / f"train.seed={seed}" for seed in range(2)]
     try:
         wait_for(lambda: all((job / "metrics.jsonl").is_file() for job in jobs), "two jobs training", started)
@@ -249,7 +251,7 @@ def test_a_launching_process_killed_outright_leaves_no_process_running(workdir, 
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert not any(alive(pid) for pid in pids)
-    assert len(workers) >= 3, workers  # two workers and a resource tracker, seen while the jobs trained
+    assert len(workers) >= 4, workers  # three workers and a resource tracker, seen while the jobs trained
     assert descendants.outliving(descendants.seen - before) == []  # within processes.GRACE_S of the kill
     assert [summary(job)["stop_reason"] for job in jobs] == ["SIGTERM", "SIGTERM"]
     assert all((job / "ckpt" / "config.json").is_file() for job in jobs)

@@ -7,7 +7,9 @@ import json
 import math
 import os
 import signal
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,10 +17,11 @@ from matplotlib.image import imread
 
 import compare
 import sweep
-from data_helpers import ROOT, run_script, start_script, write_corpus
+from data_helpers import ROOT, ForkedScript, run_script, start_script, write_corpus
+from study import launch
 from study.launch import check_overrides
 from study.lr_study import Point
-from training.multirun import RECORDS
+from training.multirun import RECORDS, die_with_parent
 from training.run_lock import dir_lock, lock_holder
 
 LRS = (3e-3, 3e-2)
@@ -34,6 +37,28 @@ def tiny_study(root: Path) -> list[str]:
             f"latest_link={root / 'latest'}"]
 
 
+def multirun_in_a_fork(command: list[str], output) -> ForkedScript:
+    """launch.start_multirun's process as a fork of this one that runs train.py as __main__ (start_script), in its
+    own session and dying with its parent as Popen's is: the same multirun, without the ~4 s a new interpreter
+    spends importing torch at each stage. The tests of a study killed outright keep the real interpreter."""
+    python, script, *args = command
+    assert python == sys.executable
+    return start_script(Path(script), *args, new_session=True, preexec_fn=die_with_parent, output=output)
+
+
+@contextmanager
+def stages_in_forks():
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch, "start_multirun", multirun_in_a_fork)
+        yield
+
+
+@pytest.fixture
+def forked_stages():
+    with stages_in_forks():
+        yield
+
+
 # the tests that read the study run in one process (pytest -n's --dist loadgroup), which trains it once: for the
 # session, since a module's fixture is made again when that process comes back to the module from another one
 STUDY = pytest.mark.xdist_group("study")
@@ -45,7 +70,8 @@ def study(tmp_path_factory):
     out = root / "study"
     args = ["--out", str(out), "--variants", "baseline", "--probe", "baseline", "--lrs", *map(str, LRS),
             "--seeds", "2", "--widen", "0", "--", *tiny_study(root)]
-    sweep.main(args)  # Hydra's basic launcher: the runs one after another
+    with stages_in_forks():
+        sweep.main(args)  # Hydra's basic launcher: the runs one after another
     return out, args
 
 
@@ -69,6 +95,8 @@ def test_a_second_call_keeps_finished_runs_and_reruns_a_killed_one(study, capsys
     out, args = study
     killed = out / "baseline" / f"lr{LRS[0]:.4g}" / "seed0"
     (killed / "summary.json").unlink()
+    # a stage in an interpreter of its own, as always outside these tests: only its end shuts joblib's idle
+    # workers down (a fork ends without the interpreter's exit, and would leave them to their parent-death watch)
     sweep.main([*args, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.threads=1"])  # in a worker process
     printed = capsys.readouterr().out
     assert "grid: 3 of 4 runs kept from an earlier call" in printed and "seeds: 1 of 1 runs kept" in printed
@@ -127,6 +155,7 @@ def test_a_setting_that_cannot_be_composed_is_one_line_and_nothing_is_written(tm
     assert not (tmp_path / "study").exists()
 
 
+@pytest.mark.usefixtures("forked_stages")
 def test_runs_that_fail_stop_the_study_with_one_line_that_names_them(tmp_path, capsys):
     out = tmp_path / "study"
     with pytest.raises(SystemExit) as exit_info:  # composes, but has no corpus to train on
@@ -153,6 +182,7 @@ def unblocked_sigint() -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
+@pytest.mark.usefixtures("forked_stages")
 def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tmp_path):
     out = tmp_path / "study"
     command = ["--out", str(out), "--variants", "baseline", "--probe", "--lrs", "1e-3", "2e-3", "--seeds", "1",
@@ -180,6 +210,7 @@ def test_ctrl_c_stops_the_study_with_one_line_and_the_same_command_resumes_it(tm
     assert json.loads((first.parent / "summary.json").read_text())["ended_by"] == "time_budget"
 
 
+@pytest.mark.usefixtures("forked_stages")
 def test_the_study_is_planned_from_results_so_the_same_command_gives_the_same_study(tmp_path, capsys):
     """Learning rates far below the best, so that the highest is best on both sides of every step: the edge stage
     adds one point (--widen 1) and the study ends there. A point beyond the grid whose run lost its result (killed

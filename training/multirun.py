@@ -35,6 +35,7 @@ what Hydra hands each job, never from the launching process's memory or its sys.
   same sweep dir is one `error:` line, exit 2. The jobs leave latest_link where it was.
 """
 import ctypes
+import functools
 import json
 import os
 import signal
@@ -119,14 +120,14 @@ def run_job(cfg: DictConfig, run: Callable[[DictConfig], int]) -> int | None:
     that killed it), or None where the multirun was stopped before the job started."""
     hydra = HydraConfig.get()
     records = Path(hydra.sweep.dir) / RECORDS
-    if (records / "stop").exists():
-        return None
     parent, own_signal = os.getppid(), []
     launching = lock_holder(records / "lock") == os.getpid()  # basic: the launching process, whose handler stops
     if not launching:  # a worker: a terminal's Ctrl-C is the launching process's to pass on; a scheduler's TERM ours
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, lambda signum, frame: own_signal.append(signal.SIGTERM))
-        exit_when_orphaned(parent)
+        exit_when_orphaned(parent)  # before the stop check: a worker whose first job comes after a stop ends too
+    if (records / "stop").exists():
+        return None
     import torch._dynamo  # noqa: F401  what torch's optimizers import when the first is made (~1 s): once, here
     sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
     forking = os.getpid()
@@ -169,6 +170,19 @@ def exit_when_orphaned(parent: int) -> None:
 
     _watching.append(threading.Thread(target=watch, name="exit-when-orphaned", daemon=True))
     _watching[0].start()
+
+
+def loky_workers_watch_from_their_start() -> None:
+    """In the launching process of a joblib multirun: each loky worker it starts runs exit_when_orphaned from its
+    start, not from its first job. A worker that never gets one (more workers than jobs, or a job that comes after
+    a stop) then ends with the launching process too, where it would wait out loky's idle timeout (5 minutes).
+    Hydra's joblib launcher asks joblib for its backend by the name "loky": the name is given again, with the
+    initializer (joblib's register_parallel_backend; its LokyBackend passes extra settings to loky's executor)."""
+    from joblib import register_parallel_backend
+    from joblib.parallel import LokyBackend
+
+    register_parallel_backend("loky", functools.partial(LokyBackend, initializer=exit_when_orphaned,
+                                                        initargs=(os.getpid(),)))
 
 
 def run_forked(cfg: DictConfig, hydra: DictConfig, run: Callable[[DictConfig], int], forking: int) -> int:
@@ -236,6 +250,8 @@ class MultirunRecord(Callback):
             stale.unlink(missing_ok=True)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, lambda signum, frame: request_stop(records, signum))
+        if "joblib" in config.hydra.launcher._target_:
+            loky_workers_watch_from_their_start()
         carry_swept_keys(config)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
