@@ -60,6 +60,10 @@ LATENT_PRESETS = [preset("LLaMA-2-7B with MLA", LatentAttention, (512, 64), 32, 
 # transformers' Qwen3NextConfig: 48 layers, every 4th attention (2 K/V heads of 256), the others Gated DeltaNet (16 key
 # and 32 value heads of 128, a conv of 4), at its 32,768 positions
 QWEN3_NEXT = preset("Qwen3-Next (3:1)", GatedDeltaNet, (2, 256, 32, 16, 128, 3), 48, 32768, "bf16", linear_layers=36)
+# Qwen3-Next's cache against the context, as it is and with every layer of one kind: its 12 attention layers' K and V
+# grow with the context, its 36 linear layers' states do not (the KV section's second figure)
+BY_CONTEXT = {"Qwen3-Next (3:1)": 36, "all linear": 48, "all full attention": 0}
+CONTEXTS = [2 ** n for n in range(10, 18)]  # 1k .. 128k positions
 REPORT_FILE = "report.json"
 
 
@@ -186,9 +190,14 @@ def estimator(models: list[Transformer], names: list[str]) -> dict:
                "local_layers": cfg.n_local_layers, "linear_layers": linear_layers(cfg)}
         presets.append((own | {"cache": kind.PER_POSITION.name} | kind.cache_dims(cfg), kind))
     presets += [LLAMA_2_7B, MISTRAL_7B, *LATENT_PRESETS, QWEN3_NEXT]
+    qwen, kind = QWEN3_NEXT
+    by_context = {label: [estimated_bytes(kind.PER_POSITION, qwen | {"seq": seq, "linear_layers": linear}, 1,
+                                          BYTES_PER_ELEMENT[qwen["dtype"]]) for seq in CONTEXTS]
+                  for label, linear in BY_CONTEXT.items()}
     return {"bytes_per_element": BYTES_PER_ELEMENT,
             "presets": [p | {"bytes": estimated_bytes(kind.PER_POSITION, p, p["batch"], BYTES_PER_ELEMENT[p["dtype"]])}
-                        for p, kind in presets]}
+                        for p, kind in presets],
+            "by_context": {"contexts": CONTEXTS, "bytes": by_context}}
 
 
 def report(argv: list[str] | None = None) -> Path:

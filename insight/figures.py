@@ -44,6 +44,21 @@ def kv_cache(report: dict) -> Figure:
     return fig
 
 
+def kv_cache_by_context(report: dict) -> Figure:
+    """Qwen3-Next's cache against the context, as it is (3:1), all linear and all full attention."""
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    by_context = report["estimator"]["by_context"]
+    for i, (label, sizes) in enumerate(by_context["bytes"].items()):
+        ax.plot(by_context["contexts"], [b / 2 ** 30 for b in sizes], "o-", color=colour(i), label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set(xlabel="context (positions)", ylabel="GiB per sequence (bf16)",
+           title="Qwen3-Next's cache: K, V grow with the context, states do not")
+    ax.legend(fontsize=8)
+    return fig
+
+
 def attention_wiring(report: dict) -> Figure:
     checkpoints = report["checkpoints"]
     fig = Figure(figsize=(5.5 * len(checkpoints), 6), layout="constrained")
@@ -293,7 +308,8 @@ def experts(report: dict) -> Figure | None:
 
 def draw(report: dict) -> dict[str, bytes]:
     """Every figure as PNG bytes, by file name, in the page's order."""
-    figures = {"kv_cache.png": kv_cache(report), "attention_wiring.png": attention_wiring(report)}
+    figures = {"kv_cache.png": kv_cache(report), "kv_cache_by_context.png": kv_cache_by_context(report),
+               "attention_wiring.png": attention_wiring(report)}
     for i in range(len(report["checkpoints"])):
         figures[f"attention_maps_{i}.png"] = attention_maps(report, i)
     figures |= {"attention_entropy.png": attention_entropy(report), "shift_check.png": shift_check(report),

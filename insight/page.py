@@ -18,7 +18,9 @@ SECTIONS = [
      "recomputes the whole prefix, so the step grows with the position t and the run as O(t²·d); with it, a step "
      "projects one token and reads the cached K and V, but its query still meets t keys, O(t·d), not O(1). The "
      "estimator computes what the cache costs in memory for any model, 2·L·H_kv·d_head·S·bytes·batch, or with "
-     "multi-head latent attention (MLA: DeepSeek-V2/V3) L·(d_c + d_R)·S·bytes·batch.",
+     "multi-head latent attention (MLA: DeepSeek-V2/V3) L·(d_c + d_R)·S·bytes·batch, or for a Gated DeltaNet layer "
+     "a fixed state of H_v·d_h² (and the conv's last inputs) at any S; the second figure plots Qwen3-Next's cache "
+     "against the context, as it is (three linear layers to one attention layer), all linear and all attention.",
      ("kv_cache",), ("kv_cache",)),
     ("attention-wiring", "2. Attention wiring: MHA, GQA, MQA",
      "Which K/V head each query head reads, found by zeroing one K/V head's value projection at a time and seeing "

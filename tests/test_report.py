@@ -383,10 +383,17 @@ def test_every_section_is_in_the_page_and_every_figure_in_it(which, request):
     pngs = sorted(out.glob("*.png"))
     assert sorted(embedded_images(page)) == sorted(p.read_bytes() for p in pngs)
     maps = {f"attention_maps_{i}" for i in range(len(labels))}
-    expected = maps | {"kv_cache", "attention_wiring", "attention_entropy", "shift_check", "score_distance",
-                       "residual_stream", "ffn", "qk_logits", "lengths_0"}
+    expected = maps | {"kv_cache", "kv_cache_by_context", "attention_wiring", "attention_entropy", "shift_check",
+                       "score_distance", "residual_stream", "ffn", "qk_logits", "lengths_0"}
     assert {p.stem for p in pngs} == expected | ({"position_table", "lengths_2"} if which == "several" else set())
     assert "http://" not in page and "https://" not in page  # nothing to fetch
+    # Qwen3-Next against the context: its 36 linear layers' states stay, its 12 attention layers' K and V grow at a
+    # quarter of the rate of 48 attention layers
+    by_context = numbers["estimator"]["by_context"]
+    growth = {line: sizes[-1] - sizes[0] for line, sizes in by_context["bytes"].items()}
+    assert by_context["contexts"][0] == 1024 and by_context["contexts"][-1] == 131072
+    assert growth == {"Qwen3-Next (3:1)": growth["all full attention"] // 4, "all linear": 0,
+                      "all full attention": 48 * 2 * 2 * 256 * 2 * (131072 - 1024)}
     for ckpt in numbers["checkpoints"]:
         T = len(numbers["tokens"])
         assert len(ckpt["attention_maps"]["weights"][0][0]) == T and len(ckpt["kv_cache"]["cached_s"]) == 31
