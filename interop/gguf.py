@@ -1,5 +1,6 @@
 """The GGUF file that llama.cpp runs: this repo's model in the llama.cpp graph of its family (families/: llama for
-LLaMA and Mixtral, qwen3, qwen3moe, deepseek2 for DeepSeek-V3), its SentencePiece tokenizer inside (tokenizer.py).
+LLaMA and Mixtral, qwen3, qwen3moe, deepseek2 for DeepSeek-V3, qwen35 for the Gated DeltaNet hybrid), its
+SentencePiece tokenizer inside (tokenizer.py).
 
     metadata  <arch>.*           context, embedding and feed-forward lengths, blocks, heads, K/V heads,
                                  RoPE base, dimension count and scaling, RMSNorm eps, vocabulary size; the family
@@ -26,7 +27,8 @@ reordered within each head,
 which gives llama.cpp the same rotated q and k up to one shared permutation of their dims, so the same q . k.
 
 --dtype: f32 writes every tensor as float32; f16 and q8_0 convert the matrices and keep the 1-D norm weights
-float32, as llama.cpp's own converter does. q8_0 stores blocks of 32 consecutive weights of a row as 32 int8
+float32, as llama.cpp's own converter does (and the tensors a family's graph reads as float32 only, its
+llama_cpp_float32: the Gated DeltaNet's conv). q8_0 stores blocks of 32 consecutive weights of a row as 32 int8
 and one f16 scale (max |w| / 127): 34 bytes per 32 weights. A matrix whose rows are not whole blocks stays f16.
 """
 from __future__ import annotations
@@ -69,7 +71,7 @@ def gguf_tensors(model: Transformer, family: Family,
         kind, name = family.llama_cpp_name(names, hf_name)
         if kind in rope_heads:
             w = adjacent_rope_pairs(w, rope_heads[kind])
-        qtype = Q.F32 if w.dim() == 1 else DTYPES[dtype][0]
+        qtype = Q.F32 if w.dim() == 1 or kind in family.llama_cpp_float32 else DTYPES[dtype][0]
         block = gguf.GGML_QUANT_SIZES[qtype][0]
         if w.shape[-1] % block:
             notes.append(f"{name} stays f16: its rows of {w.shape[-1]} are not whole {qtype.name} blocks of {block}")

@@ -45,6 +45,11 @@ EXPERTS = dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=16)
 MOE = {"mixtral": EXPERTS, "qwen3_moe": EXPERTS | dict(qk_norm="rmsnorm"),
        "deepseek_v3": EXPERTS | MLA | dict(router="sigmoid", n_shared_experts=1, dense_layers=1)}
 ROUTER_BIAS = [0.4, -0.3, 0.2, -0.1]  # the sigmoid router's, enough to change some choices
+# Qwen3.5's 3:1 hybrid (llama.cpp's qwen35): three Gated DeltaNet layers of 2 key and 4 value heads of 8 dims, then
+# attention with its output gate, QK-norm and RoPE on a quarter of each head; norm_eps 1e-6, the L2 norms' own,
+# since llama.cpp gives them the RMSNorms' eps
+HYBRID = dict(n_layers=4, qk_norm="rmsnorm", linear_pattern="3:1", attention_gate=True, rotary_fraction=0.25,
+              linear_key_heads=2, linear_value_heads=4, linear_head_dim=8, linear_chunk=8, norm_eps=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -55,19 +60,23 @@ def exported(tmp_path_factory, tokenizer_file):
     root, made = tmp_path_factory.mktemp("gguf"), {}
 
     def export(tie: bool, dtype: str = "f32", qk_norm: str = "none", mla: bool = False,
-               moe: str | None = None) -> tuple[Transformer, Path]:
-        d = root / f"tie_{tie}-qk_norm_{qk_norm}-mla_{mla}-moe_{moe}"
-        if (tie, qk_norm, mla, moe) not in made:
-            cfg = llama_cfg(**dict(tie_embeddings=tie, qk_norm=qk_norm) | (MLA if mla else {}) | MOE.get(moe, {}))
-            model = made[tie, qk_norm, mla, moe] = far_from_init(Transformer(cfg))
+               moe: str | None = None, hybrid: bool = False) -> tuple[Transformer, Path]:
+        key = tie, qk_norm, mla, moe, hybrid
+        d = root / f"tie_{tie}-qk_norm_{qk_norm}-mla_{mla}-moe_{moe}-hybrid_{hybrid}"
+        if key not in made:
+            cfg = llama_cfg(**dict(tie_embeddings=tie, qk_norm=qk_norm) | (MLA if mla else {}) | MOE.get(moe, {}) |
+                            (HYBRID if hybrid else {}))
+            model = made[key] = far_from_init(Transformer(cfg))
             with torch.no_grad():
                 for layer in model.moe_layers().values():
                     layer.bias.copy_(torch.tensor(ROUTER_BIAS if cfg.router == "sigmoid" else [0.0] * 4))
+                for block in model.blocks[:3] if hybrid else []:  # gates that fade slowly: the state carries far
+                    block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 4).log())
             save_checkpoint(d / "ckpt", model, tokenizer_file)
         out = d / f"model-{dtype}.gguf"
         if not out.exists():
             assert run_export("--ckpt", d / "ckpt", "--format", "gguf", "--dtype", dtype, "--out", out) == 0
-        return made[tie, qk_norm, mla, moe], out
+        return made[key], out
     return export
 
 
@@ -138,6 +147,41 @@ def test_mla_round_trips_as_deepseek2_with_the_latent_as_one_kv_head(exported):
     # the RoPE rows in adjacent pairs: kv_a_mqa's last 4 rows are ours [0, 2, 1, 3]
     kv_down = attn.kv_down.weight.detach()
     assert np.array_equal(found["blk.1.attn_kv_a_mqa.weight"].data, kv_down[[*range(16), 16, 18, 17, 19]].numpy())
+
+
+def test_the_hybrid_round_trips_as_qwen35_with_its_value_heads_tiled(exported):
+    """llama.cpp's qwen35 (interop/families/qwen3_5.py): the layers' kinds as an interval, the linear layers' sizes as
+    its ssm.* keys, the decay's rate negated, each gain whole, and the value heads in ggml's tiled order: with 2 key
+    heads and 4 value heads, ours [0, 1, 2, 3] (heads 0 and 1 read key head 0) are written [0, 2, 1, 3]."""
+    model, path = exported(tie=False, hybrid=True)
+    assert metadata(path, "general.architecture") == {"general.architecture": "qwen35"}
+    found_keys = metadata(path, "qwen35.")
+    assert {key: found_keys[f"qwen35.{key}"] for key in (
+        "block_count", "full_attention_interval", "attention.head_count", "attention.head_count_kv",
+        "attention.key_length", "rope.dimension_count", "rope.dimension_sections", "ssm.conv_kernel",
+        "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size")} == {
+        "block_count": 4, "full_attention_interval": 4, "attention.head_count": 4, "attention.head_count_kv": 2,
+        "attention.key_length": 8, "rope.dimension_count": 2, "rope.dimension_sections": [1, 0, 0, 0],
+        "ssm.conv_kernel": 4, "ssm.state_size": 8, "ssm.group_count": 2, "ssm.time_step_rank": 4,
+        "ssm.inner_size": 32}
+    found, tiled = tensors(path), [0, 2, 1, 3]
+    linear, attention = model.blocks[0].attn, model.blocks[3].attn
+    weight = {name: p.detach() for name, p in linear.named_parameters()}
+    assert np.array_equal(found["blk.0.ssm_a"].data, -weight["A_log"].exp()[tiled].numpy())
+    assert np.array_equal(found["blk.0.ssm_dt.bias"].data, weight["dt_bias"][tiled].numpy())
+    assert np.array_equal(found["blk.0.ssm_alpha.weight"].data, weight["decay_proj.weight"][tiled].numpy())
+    assert np.array_equal(found["blk.0.ssm_out.weight"].data,
+                          weight["out.weight"].view(32, 4, 8)[:, tiled].reshape(32, 32).numpy())
+    qk, v = weight["conv.weight"].squeeze(1).split([32, 32])  # [C, K]: q's and k's channels, then v's by head
+    assert np.array_equal(found["blk.0.ssm_conv1d.weight"].data,
+                          torch.cat([qk, v.view(4, 8, 4)[tiled].reshape(32, 4)]).numpy())
+    assert np.array_equal(found["blk.0.ssm_norm.weight"].data, weight["norm.weight"].numpy())  # a plain gain
+    # the (1 + w) gains, g - 1 in transformers' file, whole again: exact for g >= 1/2, within 2^-24 below
+    gains = {"blk.3.attn_q_norm.weight": attention.qk_norm.q_norm.weight, "output_norm.weight": model.final_norm.weight,
+             "blk.0.post_attention_norm.weight": model.blocks[0].ffn_norm.weight}
+    assert max(np.abs(found[name].data - g.detach().numpy()).max() for name, g in gains.items()) <= 2 ** -24
+    _, quantized = exported(tie=False, hybrid=True, dtype="q8_0")
+    assert tensors(quantized)["blk.0.ssm_conv1d.weight"].tensor_type == Q.F32  # as llama.cpp's converter keeps it
 
 
 @pytest.mark.parametrize("moe", MOE)
@@ -380,11 +424,12 @@ def test_bad_flags_get_one_line_and_write_nothing(tmp_path, tokenizer_file, caps
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("tie, qk_norm, mla, moe", [(True, "none", False, None), (False, "none", False, None),
-                                                 (True, "rmsnorm", False, None), (False, "none", True, None),
-                                                 *((False, "none", False, moe) for moe in MOE)])
-def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm, mla, moe):
-    model, path = exported(tie=tie, qk_norm=qk_norm, mla=mla, moe=moe)
+@pytest.mark.parametrize("tie, qk_norm, mla, moe, hybrid", [
+    (True, "none", False, None, False), (False, "none", False, None, False), (True, "rmsnorm", False, None, False),
+    (False, "none", True, None, False), *((False, "none", False, moe, False) for moe in MOE),
+    (False, "rmsnorm", False, None, True)])
+def test_llama_cpp_runs_the_file_as_ours(exported, tok, tmp_path, tie, qk_norm, mla, moe, hybrid):
+    model, path = exported(tie=tie, qk_norm=qk_norm, mla=mla, moe=moe, hybrid=hybrid)
     # a float32 KV cache: llama.cpp's default f16 one rounds every cached k and v to 11 bits
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, verbose=False,
                           type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32)

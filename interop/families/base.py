@@ -73,6 +73,7 @@ class Family:
     every_layer_window = False  # its window, if any, is in every layer (no layer_types)
     llama_cpp: LlamaCppArch | None = None
     no_llama_cpp = ""  # why not, where llama_cpp is None
+    llama_cpp_float32: set = set()  # the gguf.MODEL_TENSOR kinds its graph reads as float32 whatever --dtype
     refusal: str | None = None  # why this repo neither exports nor imports the family, though it reads its config
 
     # ------------------------------------------------------------ this repo -> transformers

@@ -20,17 +20,32 @@ layers (model=qwen35_tiny): model.linear_pattern N:1 (or alternate), every atten
 Its RMSNorms (not the linear layers' gated one) multiply by (1 + w): a gain g is stored as g - 1, exact for g >= 1/2
 and to half a step of its binade below (Qwen3-Next's, interop/families/qwen3_next.py). Its rotary embedding is
 multimodal (three position ids per token), which for text, the three alike, is RoPE. transformers runs the delta
-rule and the gated norm in float32 whatever the model's dtype. llama.cpp's qwen35 graph is not written here.
+rule and the gated norm in float32 whatever the model's dtype.
+
+llama.cpp's qwen35 graph reads the transformers tensors as its own converter writes them:
+    every (1 + w) gain      stored whole again (w + 1); the linear layers' gated norm (ssm_norm) as it is
+    A_log                   ssm_a = -exp(A_log): the decay's rate, negated
+    dt_bias                 ssm_dt.bias
+    conv1d.weight [C, 1, K] ssm_conv1d [C, K], kept float32 whatever --dtype
+    the value heads         tiled, where there are more value heads than key heads (H_v = r H_k): transformers's
+                            value head j reads key head j // r (grouped), llama.cpp's j % H_k (ggml's repeat), so
+                            value head k r + v is written at v H_k + k, in every tensor with a row or column per value
+                            head (in_proj_qkv's value rows, in_proj_z, in_proj_a, in_proj_b, A_log, dt_bias, conv1d's
+                            value channels, out_proj's columns)
+and the layers' kinds as qwen35.full_attention_interval (N + 1 for N:1, 2 for alternate). Its RoPE is the
+interleaved multimodal one, whose three sections of pairs all turn by the text position: sections that share the
+rotated pairs out among them make it RoPE on the first rotary_fraction of each head, as ours.
 """
+import gguf
 import torch
 
 from interop import InteropError
-from interop.families.base import LLAMA_SWITCHES, Family
+from interop.families.base import LLAMA_SWITCHES, Family, LlamaCppArch
 from interop.families.qwen3 import qk_norm_names
 from interop.families.qwen3_next import norm_names, partial_rope
 from interop.layout import Names
 from model.config import ModelConfig, window_pattern_of
-from model.gated_deltanet import GatedDeltaNet
+from model.gated_deltanet import L2_EPS, GatedDeltaNet
 from model.transformer import Transformer
 
 
@@ -45,8 +60,8 @@ class Qwen3_5(Family):
                 } | {"qk_norm": "rmsnorm", "attention_gate": True, "linear_delta_rule": True}
     fixed = {"hidden_act": "silu", "attention_bias": False}
     default_head_dim = 256
-    llama_cpp = None
-    no_llama_cpp = "Qwen3.5 has no llama.cpp export here: llama.cpp's qwen35 graph is not written"
+    llama_cpp = LlamaCppArch(gguf.MODEL_ARCH.QWEN35, adjacent_rope=False)
+    llama_cpp_float32 = {gguf.MODEL_TENSOR.SSM_CONV1D}  # as llama.cpp's converter keeps it
 
     def claims(self, cfg: ModelConfig) -> bool:
         return cfg.linear_pattern is not None
@@ -135,6 +150,83 @@ class Qwen3_5(Family):
         return {"linear_pattern": pattern, "linear_key_heads": hf.get("linear_num_key_heads", 16),
                 "linear_value_heads": hf.get("linear_num_value_heads", 32), "linear_head_dim": key_dim,
                 "linear_conv": hf.get("linear_conv_kernel_dim", 4), "rotary_fraction": float(hf["partial_rotary_factor"])}
+
+    # ------------------------------------------------------------ llama.cpp
+
+    def check_llama_cpp(self, cfg: ModelConfig) -> None:
+        super().check_llama_cpp(cfg)
+        full_attention_interval(cfg)
+
+    def llama_cpp_notes(self, cfg: ModelConfig) -> list[str]:
+        if cfg.norm_eps == L2_EPS:
+            return []
+        return [f"model.norm_eps={cfg.norm_eps}: llama.cpp gives the linear layers' L2 norms of q and k that eps too, "
+                f"where this model's have {L2_EPS}; its logits differ from ours by that"]
+
+    def add_llama_cpp_attention(self, writer: gguf.GGUFWriter, cfg: ModelConfig) -> None:
+        writer.add_head_count(cfg.n_heads)
+        writer.add_head_count_kv(cfg.n_kv_heads)
+        writer.add_key_length(cfg.head_dim)
+        writer.add_value_length(cfg.head_dim)
+        writer.add_rope_dimension_count(cfg.rope_dim)
+        pairs = cfg.rope_dim // 2  # each section's share: the pairs p with p % 3 == its index
+        writer.add_rope_dimension_sections([len(range(section, pairs, 3)) for section in range(3)] + [0])
+        writer.add_full_attention_interval(full_attention_interval(cfg))
+        writer.add_ssm_conv_kernel(cfg.linear_conv)
+        writer.add_ssm_state_size(cfg.linear_dim)
+        writer.add_ssm_group_count(cfg.n_linear_key_heads)
+        writer.add_ssm_time_step_rank(cfg.n_linear_value_heads)
+        writer.add_ssm_inner_size(cfg.n_linear_value_heads * cfg.linear_dim)
+
+    def llama_cpp_tensors(self, hf_state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+        H_k, H_v, D = cfg.n_linear_key_heads, cfg.n_linear_value_heads, cfg.linear_dim
+        out = {}
+        for name, w in hf_state.items():
+            if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+                w = w + 1
+            elif ".linear_attn." in name:
+                w = -w.exp() if name.endswith(".A_log") else w.squeeze(1) if name.endswith(".conv1d.weight") else w
+                w = value_heads_tiled(name, w, H_k, H_v, D)
+            out[name] = w
+        return out
+
+    def llama_cpp_name(self, names: gguf.TensorNameMap, hf_name: str) -> tuple[gguf.MODEL_TENSOR, str]:
+        if hf_name.endswith(".dt_bias"):  # llama.cpp's ssm_dt, stored as a .bias
+            return gguf.MODEL_TENSOR.SSM_DT, names.get_name(hf_name.removesuffix("dt_bias") + "dt_proj") + ".bias"
+        return super().llama_cpp_name(names, hf_name)
+
+
+def full_attention_interval(cfg: ModelConfig) -> int:
+    """qwen35.full_attention_interval: every how many layers llama.cpp's graph has an attention layer, the others
+    linear. Patterns it cannot say are refused (this repo's N:1 and alternate it can)."""
+    interval = cfg.linear_layers.index(False) + 1 if False in cfg.linear_layers else 0
+    if not interval or cfg.linear_layers != [(i + 1) % interval != 0 for i in range(cfg.n_layers)]:
+        raise InteropError(f"model.linear_pattern={cfg.linear_pattern} has no llama.cpp qwen35 equivalent: its "
+                           f"attention layers are every N-th, the others linear")
+    return interval
+
+
+def value_heads_tiled(name: str, w: torch.Tensor, H_k: int, H_v: int, D: int) -> torch.Tensor:
+    """A linear layer's tensor (transformers' name, llama.cpp's shape) with its value heads from transformers' grouped
+    order to llama.cpp's tiled one (the module's docstring); the others as they are."""
+    r = H_v // H_k
+    if r == 1:
+        return w
+
+    def tiled(x: torch.Tensor, dim: int, width: int) -> torch.Tensor:
+        grouped = x.unflatten(dim, (H_k, r, width))
+        return grouped.transpose(dim, dim + 1).flatten(dim, dim + 2)
+
+    if name.endswith(("in_proj_qkv.weight", "conv1d.weight")):
+        qk, v = w.split([2 * H_k * D, H_v * D])
+        return torch.cat([qk, tiled(v, 0, D)])
+    if name.endswith("in_proj_z.weight"):
+        return tiled(w, 0, D)
+    if name.endswith(("in_proj_a.weight", "in_proj_b.weight", ".A_log", ".dt_bias")):
+        return tiled(w, 0, 1)
+    if name.endswith("out_proj.weight"):
+        return tiled(w, 1, D)
+    return w
 
 
 FAMILY = Qwen3_5()
