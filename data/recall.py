@@ -1,7 +1,7 @@
 """Multi-query associative recall (MQAR; Arora et al. 2023, "Zoology") in a language model's own vocabulary: the
 probe of in-context recall, where a fixed-size state and a cache that keeps every position part ways.
 
-A sequence of 4N tokens holds N key-value pairs, then each key again, in another order, followed by its value:
+A sequence of 4N tokens holds N key-value pairs, then each key again, in a random order, followed by its value:
 
     k_1 v_1 k_2 v_2 ... k_N v_N  q_1 a_1 q_2 a_2 ... q_N a_N
 

@@ -114,7 +114,8 @@ def start_script(script: Path, *args: str, preexec_fn=None, new_session: bool = 
     state are its own), without the ~4 s a new interpreter spends importing torch and Hydra. preexec_fn runs in the
     fork before the script, as Popen's does; a resource limit it sets binds the captured stdout and stderr too, as
     they are files here. new_session: the fork leads a process group of its own (Popen's start_new_session).
-    output: a file that takes both stdout and stderr (Popen's stdout=output, stderr=STDOUT), then not captured."""
+    output: a file that takes both stdout and stderr (Popen's stdout=output, stderr=STDOUT): then nothing is
+    captured, and communicate returns ("", "")."""
     return ForkedScript(script, args, preexec_fn, new_session, env or {}, output)
 
 
@@ -122,7 +123,7 @@ class ForkedScript:
     """What start_script started: Popen's pid, poll, wait, send_signal, kill, communicate and returncode."""
 
     def __init__(self, script: Path, args, preexec_fn, new_session: bool, env: dict, output=None):
-        self.args, self.returncode = [str(script), *args], None
+        self.args, self.returncode, self._captured = [str(script), *args], None, output is None
         self._out, self._err = (output, output) if output else (tempfile.TemporaryFile(), tempfile.TemporaryFile())
         sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
         self.pid = os.fork()
@@ -156,7 +157,7 @@ class ForkedScript:
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         """Waits for the end, then (stdout, stderr)."""
         self.wait(timeout)
-        return tuple(self._read(f) for f in (self._out, self._err))
+        return tuple(self._read(f) if self._captured else "" for f in (self._out, self._err))
 
     @staticmethod
     def _read(file) -> str:

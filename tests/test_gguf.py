@@ -45,11 +45,12 @@ EXPERTS = dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=16)
 MOE = {"mixtral": EXPERTS, "qwen3_moe": EXPERTS | dict(qk_norm="rmsnorm"),
        "deepseek_v3": EXPERTS | MLA | dict(router="sigmoid", n_shared_experts=1, dense_layers=1)}
 ROUTER_BIAS = [0.4, -0.3, 0.2, -0.1]  # the sigmoid router's, enough to change some choices
-# Qwen3.5's 3:1 hybrid (llama.cpp's qwen35): three Gated DeltaNet layers of 2 key and 4 value heads of 8 dims, then
-# attention with its output gate, QK-norm and RoPE on a quarter of each head; norm_eps 1e-6, the L2 norms' own,
-# since llama.cpp gives them the RMSNorms' eps
-HYBRID = dict(n_layers=4, qk_norm="rmsnorm", linear_pattern="3:1", attention_gate=True, rotary_fraction=0.25,
-              linear_key_heads=2, linear_value_heads=4, linear_head_dim=8, linear_chunk=8, norm_eps=1e-6)
+# Qwen3.5's 3:1 hybrid (llama.cpp's qwen35): three Gated DeltaNet layers of 2 key and 6 value heads of 8 dims (an
+# order of the value heads that is not its own inverse), then attention with its output gate, QK-norm and RoPE on
+# three quarters of each head (3 pairs: each of llama.cpp's three RoPE sections gets one); norm_eps 1e-6, the L2
+# norms' own, since llama.cpp gives them the RMSNorms' eps
+HYBRID = dict(n_layers=4, qk_norm="rmsnorm", linear_pattern="3:1", attention_gate=True, rotary_fraction=0.75,
+              linear_key_heads=2, linear_value_heads=6, linear_head_dim=8, linear_chunk=8, norm_eps=1e-6)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,7 @@ def exported(tmp_path_factory, tokenizer_file):
                 for layer in model.moe_layers().values():
                     layer.bias.copy_(torch.tensor(ROUTER_BIAS if cfg.router == "sigmoid" else [0.0] * 4))
                 for block in model.blocks[:3] if hybrid else []:  # gates that fade slowly: the state carries far
-                    block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 4).log())
+                    block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 6).log())
             save_checkpoint(d / "ckpt", model, tokenizer_file)
         out = d / f"model-{dtype}.gguf"
         if not out.exists():
@@ -152,7 +153,8 @@ def test_mla_round_trips_as_deepseek2_with_the_latent_as_one_kv_head(exported):
 def test_the_hybrid_round_trips_as_qwen35_with_its_value_heads_tiled(exported):
     """llama.cpp's qwen35 (interop/families/qwen3_5.py): the layers' kinds as an interval, the linear layers' sizes as
     its ssm.* keys, the decay's rate negated, each gain whole, and the value heads in ggml's tiled order: with 2 key
-    heads and 4 value heads, ours [0, 1, 2, 3] (heads 0 and 1 read key head 0) are written [0, 2, 1, 3]."""
+    heads and 6 value heads, ours 0-5 (0, 1 and 2 read key head 0) are written [0, 3, 1, 4, 2, 5]; the 3 rotated
+    pairs one in each RoPE section."""
     model, path = exported(tie=False, hybrid=True)
     assert metadata(path, "general.architecture") == {"general.architecture": "qwen35"}
     found_keys = metadata(path, "qwen35.")
@@ -161,20 +163,20 @@ def test_the_hybrid_round_trips_as_qwen35_with_its_value_heads_tiled(exported):
         "attention.key_length", "rope.dimension_count", "rope.dimension_sections", "ssm.conv_kernel",
         "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size")} == {
         "block_count": 4, "full_attention_interval": 4, "attention.head_count": 4, "attention.head_count_kv": 2,
-        "attention.key_length": 8, "rope.dimension_count": 2, "rope.dimension_sections": [1, 0, 0, 0],
-        "ssm.conv_kernel": 4, "ssm.state_size": 8, "ssm.group_count": 2, "ssm.time_step_rank": 4,
-        "ssm.inner_size": 32}
-    found, tiled = tensors(path), [0, 2, 1, 3]
+        "attention.key_length": 8, "rope.dimension_count": 6, "rope.dimension_sections": [1, 1, 1, 0],
+        "ssm.conv_kernel": 4, "ssm.state_size": 8, "ssm.group_count": 2, "ssm.time_step_rank": 6,
+        "ssm.inner_size": 48}
+    found, tiled = tensors(path), [0, 3, 1, 4, 2, 5]
     linear, attention = model.blocks[0].attn, model.blocks[3].attn
     weight = {name: p.detach() for name, p in linear.named_parameters()}
     assert np.array_equal(found["blk.0.ssm_a"].data, -weight["A_log"].exp()[tiled].numpy())
     assert np.array_equal(found["blk.0.ssm_dt.bias"].data, weight["dt_bias"][tiled].numpy())
     assert np.array_equal(found["blk.0.ssm_alpha.weight"].data, weight["decay_proj.weight"][tiled].numpy())
     assert np.array_equal(found["blk.0.ssm_out.weight"].data,
-                          weight["out.weight"].view(32, 4, 8)[:, tiled].reshape(32, 32).numpy())
-    qk, v = weight["conv.weight"].squeeze(1).split([32, 32])  # [C, K]: q's and k's channels, then v's by head
+                          weight["out.weight"].view(32, 6, 8)[:, tiled].reshape(32, 48).numpy())
+    qk, v = weight["conv.weight"].squeeze(1).split([32, 48])  # [C, K]: q's and k's channels, then v's by head
     assert np.array_equal(found["blk.0.ssm_conv1d.weight"].data,
-                          torch.cat([qk, v.view(4, 8, 4)[tiled].reshape(32, 4)]).numpy())
+                          torch.cat([qk, v.view(6, 8, 4)[tiled].reshape(48, 4)]).numpy())
     assert np.array_equal(found["blk.0.ssm_norm.weight"].data, weight["norm.weight"].numpy())  # a plain gain
     # the (1 + w) gains, g - 1 in transformers' file, whole again: exact for g >= 1/2, within 2^-24 below
     gains = {"blk.3.attn_q_norm.weight": attention.qk_norm.q_norm.weight, "output_norm.weight": model.final_norm.weight,

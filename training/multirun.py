@@ -120,14 +120,14 @@ def run_job(cfg: DictConfig, run: Callable[[DictConfig], int]) -> int | None:
     that killed it), or None where the multirun was stopped before the job started."""
     hydra = HydraConfig.get()
     records = Path(hydra.sweep.dir) / RECORDS
+    if (records / "stop").exists():
+        return None
     parent, own_signal = os.getppid(), []
     launching = lock_holder(records / "lock") == os.getpid()  # basic: the launching process, whose handler stops
     if not launching:  # a worker: a terminal's Ctrl-C is the launching process's to pass on; a scheduler's TERM ours
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, lambda signum, frame: own_signal.append(signal.SIGTERM))
-        exit_when_orphaned(parent)  # before the stop check: a worker whose first job comes after a stop ends too
-    if (records / "stop").exists():
-        return None
+        exit_when_orphaned(parent)  # a joblib worker's watch has run since its start (watch_loky_workers)
     import torch._dynamo  # noqa: F401  what torch's optimizers import when the first is made (~1 s): once, here
     sys.stdout.flush(), sys.stderr.flush()  # what is buffered is this process's to print, not the fork's too
     forking = os.getpid()
@@ -148,7 +148,7 @@ def run_job(cfg: DictConfig, run: Callable[[DictConfig], int]) -> int | None:
 
 
 _job_running = threading.Lock()  # held by a job's starter while its training process runs
-_watching = []  # the worker's watchdog, started with its first job
+_watching = []  # the worker's watchdog: started with its first job, or with a joblib worker itself
 
 
 def exit_when_orphaned(parent: int) -> None:
@@ -172,17 +172,18 @@ def exit_when_orphaned(parent: int) -> None:
     _watching[0].start()
 
 
-def loky_workers_watch_from_their_start() -> None:
-    """In the launching process of a joblib multirun: each loky worker it starts runs exit_when_orphaned from its
-    start, not from its first job. A worker that never gets one (more workers than jobs, or a job that comes after
-    a stop) then ends with the launching process too, where it would wait out loky's idle timeout (5 minutes).
-    Hydra's joblib launcher asks joblib for its backend by the name "loky": the name is given again, with the
-    initializer (joblib's register_parallel_backend; its LokyBackend passes extra settings to loky's executor)."""
+def watch_loky_workers(watching: bool) -> None:
+    """In the launching process of a joblib multirun, at its start (watching) and end: each loky worker it starts
+    runs exit_when_orphaned from its start, not from its first job. A worker that never gets one (more workers than
+    jobs, or jobs that come after a stop) then ends with the launching process too, where it would wait out loky's
+    idle timeout (5 minutes). Hydra's joblib launcher asks joblib for its backend by the name "loky": the name is
+    given again, with the initializer (joblib's register_parallel_backend; its LokyBackend passes extra settings to
+    loky's executor), and given back its plain backend at the end."""
     from joblib import register_parallel_backend
     from joblib.parallel import LokyBackend
 
-    register_parallel_backend("loky", functools.partial(LokyBackend, initializer=exit_when_orphaned,
-                                                        initargs=(os.getpid(),)))
+    backend = functools.partial(LokyBackend, initializer=exit_when_orphaned, initargs=(os.getpid(),))
+    register_parallel_backend("loky", backend if watching else LokyBackend)
 
 
 def run_forked(cfg: DictConfig, hydra: DictConfig, run: Callable[[DictConfig], int], forking: int) -> int:
@@ -251,7 +252,7 @@ class MultirunRecord(Callback):
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, lambda signum, frame: request_stop(records, signum))
         if "joblib" in config.hydra.launcher._target_:
-            loky_workers_watch_from_their_start()
+            watch_loky_workers(True)
         carry_swept_keys(config)
 
     def on_job_end(self, config: DictConfig, job_return, **kwargs) -> None:
@@ -266,6 +267,8 @@ class MultirunRecord(Callback):
         records = [json.loads(path.read_text()) for path in
                    sorted((Path(config.hydra.sweep.dir) / RECORDS).glob("[0-9]*.json"), key=lambda p: int(p.stem))]
         _held.close()
+        if "joblib" in config.hydra.launcher._target_:
+            watch_loky_workers(False)
         if _stopped_by:
             name = signal.Signals(_stopped_by[0]).name
             stopped = [f"{r['dir']} ({how_it_ended(r['exit_code'])})" for r in records if r["exit_code"] != 0]

@@ -201,8 +201,9 @@ def full_attention_interval(cfg: ModelConfig) -> int:
     linear. Patterns it cannot say are refused (this repo's N:1 and alternate it can)."""
     interval = cfg.linear_layers.index(False) + 1 if False in cfg.linear_layers else 0
     if not interval or cfg.linear_layers != [(i + 1) % interval != 0 for i in range(cfg.n_layers)]:
-        raise InteropError(f"model.linear_pattern={cfg.linear_pattern} has no llama.cpp qwen35 equivalent: its "
-                           f"attention layers are every N-th, the others linear")
+        raise InteropError(f"model.linear_pattern={cfg.linear_pattern} with model.n_layers={cfg.n_layers} has no "
+                           f"llama.cpp qwen35 equivalent: its graph has an attention layer every N-th layer, the "
+                           f"others linear")
     return interval
 
 
