@@ -37,6 +37,7 @@ class TrainSettings:  # the meaning of each key: configs/config.yaml
     optimizer: str = MISSING  # the optim group's (configs/optim/): adamw or muon (training/optim.py)
     muon_lr: Optional[float] = MISSING  # Muon's peak lr (configs/optim/muon.yaml); null under adamw
     warmup_fraction: float = MISSING
+    decay_fraction: Optional[float] = MISSING  # null: the cosine; a share of the run: WSD (training/optim.py)
     lr_decay_steps: Optional[int] = MISSING
     weight_decay: float = MISSING
     betas: tuple[float, float] = MISSING  # AdamW's (beta1, beta2); their range: training/config.py

@@ -37,7 +37,7 @@ def test_a_budget_that_is_not_a_duration_is_refused_with_its_value(setting):
 
 
 def schedule(**settings):
-    return OmegaConf.create({"lr": 3e-3, "min_lr": 3e-4, "warmup_fraction": 0.1} | settings)
+    return OmegaConf.create({"lr": 3e-3, "min_lr": 3e-4, "warmup_fraction": 0.1, "decay_fraction": None} | settings)
 
 
 def lrs_of(horizon: Horizon, train, step_times: list[float]) -> list[float]:

@@ -210,6 +210,18 @@ def test_lr_warms_up_linearly_then_follows_the_cosine_down_to_min_lr():
     assert step_lrs(no_warmup, 1) == [1.0]
 
 
+def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_min_lr_over_its_fraction():
+    """train.decay_fraction=0.5 of 12 steps, 2 of warm-up: the peak for steps 2-5, then 1 - 0.9 k / 6 at step 6 + k."""
+    train = train_settings(lr=1.0, min_lr=0.1, warmup_fraction=2 / 12, decay_fraction=0.5, max_steps=12)
+    lrs = step_lrs(train, 14)
+    assert lrs[:2] == pytest.approx([0.5, 1.0], rel=1e-12)
+    assert lrs[2:7] == [1.0] * 5  # held until half the run is done
+    assert lrs[7:12] == pytest.approx([1 - 0.9 * k / 6 for k in range(1, 6)], rel=1e-12)
+    assert lrs[12:] == [0.1, 0.1]
+    whole = train_settings(lr=1.0, min_lr=0.0, warmup_fraction=0, decay_fraction=1.0, max_steps=4)
+    assert step_lrs(whole, 4) == pytest.approx([1.0, 0.75, 0.5, 0.25], rel=1e-12)  # a straight line from the start
+
+
 def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     """Training N/2 steps with lr_decay_steps=N follows the N-step run's schedule exactly."""
     full = train_settings(max_steps=20)
@@ -231,6 +243,10 @@ def test_lr_decay_steps_decouples_the_schedule_from_max_steps():
     ({"max_steps": 0}, 1, "train.max_steps=0 must be a positive integer"),
     ({"min_lr": 0.1, "lr": 0.01}, 1, "train.min_lr=0.1 must be a number in [0, train.lr=0.01]"),
     ({"warmup_fraction": 1.0}, 1, "train.warmup_fraction=1.0 must be a number in [0, 1)"),
+    ({"warmup_fraction": 0.25, "decay_fraction": 0.8}, 1,
+     "train.decay_fraction=0.8 must be null (the cosine) or a number in (0, 1 - train.warmup_fraction = 0.75]"),
+    ({"decay_fraction": 0.0}, 1, "train.decay_fraction=0.0 must be null (the cosine) or a number in (0, 1 - "
+                                 "train.warmup_fraction = 0.9]"),
     ({"reference_tokens_per_s": 0.0}, 1, "train.reference_tokens_per_s=0.0 must be a positive number or null"),
     ({"threads": 0}, 1, "train.threads=0 must be a positive integer or null"),
     ({"optimizer": "muon", "muon_lr": 0.0}, 1, "train.muon_lr=0.0 must be a positive number: Muon's peak learning rate"),

@@ -52,6 +52,9 @@ def check_train_config(train: DictConfig, world_size: int) -> tuple[int, int]:
             raise ConfigError(f"train.{key}={train[key]} must be a positive integer")
     if not 0 <= train.warmup_fraction < 1:
         raise ConfigError(f"train.warmup_fraction={train.warmup_fraction} must be a number in [0, 1)")
+    if train.decay_fraction is not None and not 0 < train.decay_fraction <= 1 - train.warmup_fraction:
+        raise ConfigError(f"train.decay_fraction={train.decay_fraction} must be null (the cosine) or a number in "
+                          f"(0, 1 - train.warmup_fraction = {1 - train.warmup_fraction:g}]")
     if not 0 < train.lr < math.inf:
         raise ConfigError(f"train.lr={train.lr} must be a positive number")
     if train.optimizer not in OPTIMIZERS:

@@ -16,6 +16,10 @@ fraction that step takes (training/horizon.py gives both, from whichever limit i
     warm-up   f < w:      lr * min(1, (f + s) / w)            w = train.warmup_fraction
     cosine    w <= f < 1: min_lr + (lr - min_lr) * (1 + cos(pi * (f - w) / (1 - w))) / 2
     floor     f >= 1:     min_lr
+or, with train.decay_fraction d set, warm-up-stable-decay (WSD: MiniCPM's; modded-nanogpt's and nanochat's
+warm-down) in place of the cosine, the peak held until the last d of the run:
+    stable    w <= f < 1 - d: lr
+    decay     1 - d <= f < 1: lr - (lr - min_lr) * (f - (1 - d)) / d
 Counted in steps, f = step / S and s = 1 / S, so the warm-up is lr * (step + 1) / (w S): a function of the
 step alone, which is all a resumed run needs to continue it bit for bit.
 """
@@ -95,5 +99,8 @@ def lr_at(done: float, step: float, train: DictConfig) -> float:
         return train.lr * min(1.0, (done + step) / warmup)
     if done >= 1:
         return train.min_lr
+    if train.decay_fraction is not None:
+        decayed = max(0.0, done - (1 - train.decay_fraction)) / train.decay_fraction
+        return train.lr - (train.lr - train.min_lr) * decayed
     progress = (done - warmup) / (1 - warmup)
     return train.min_lr + (train.lr - train.min_lr) * (1 + math.cos(math.pi * progress)) / 2
