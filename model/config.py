@@ -99,6 +99,7 @@ class ModelConfig:
     bias: bool = False  # biases in the linear layers (LayerNorm always has its beta)
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
     embedding_scale: str = "gpt2"  # gpt2: E ~ N(0, 0.02^2); transformer2017: N(0, 1/d) x sqrt(d) (model/transformer.py)
+    logit_softcap: float | None = None  # c: the logits c tanh(z / c) (Gemma 2, modded-nanogpt); null: z as it is
     # Multi-head latent attention (model/mla.py): the latent's width d_c; null is attention by K/V heads
     kv_rank: int | None = None
     q_rank: int | None = None  # MLA's query latent; null: a full-rank query projection
@@ -240,6 +241,8 @@ class ModelConfig:
                 raise ConfigError(f"model.{key}={value!r} must be a positive number")
         if not (is_number(self.dropout) and 0 <= self.dropout < 1):
             raise ConfigError(f"model.dropout={self.dropout!r} must be a number in [0, 1)")
+        if self.logit_softcap is not None and not (is_number(self.logit_softcap) and 0 < self.logit_softcap < math.inf):
+            raise ConfigError(f"model.logit_softcap={self.logit_softcap!r} must be a positive number, or null for none")
         for key in ("bias", "tie_embeddings"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")

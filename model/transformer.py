@@ -12,6 +12,9 @@ The token signal entering block 0 is m * E[token], model.embedding_scale choosin
     transformer2017   E ~ N(0, 1/d), m = sqrt(d): rms 1, whatever the position kind. The paper gives the
                       multiplier, its TensorFlow implementations the init; the tokens outweigh PE 1.4 to 1
                       and the tied LM head starts with logits of rms ~1.
+model.logit_softcap c bounds the logits smoothly, z -> c tanh(z / c): near z for |z| << c, never past +-c (Gemma 2;
+modded-nanogpt's records cap at 15 to 30): a head that grows its logits without bound gains nothing from it.
+
 forward(tokens, start, cache): `start` is the absolute position of tokens[:, 0]; with a
 KVCache the model reads and extends it in place, so generation reuses the same math. Positions may run
 past model.context_length (model/positions.py), except with a learned table.
@@ -192,4 +195,6 @@ class Transformer(nn.Module):
             x = x[:, -1:]
         if self.final_norm is not None:
             x = self.final_norm(x)
-        return self.lm_head(x)
+        logits = self.lm_head(x)
+        cap = self.cfg.logit_softcap
+        return logits if cap is None else cap * torch.tanh(logits / cap)

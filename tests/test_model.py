@@ -1,5 +1,6 @@
 """The model's components against the chapter's worked numbers, their reference
 implementations (torch.nn.RMSNorm, transformers' LlamaForCausalLM) and their invariants."""
+import dataclasses
 import itertools
 import math
 import re
@@ -279,3 +280,26 @@ def test_logits_equal_transformers_llama(n_kv_heads, tie_embeddings, attn_implem
             logits, expected = ours(tokens), theirs(tokens).logits
         assert expected.std() > 0.5  # the tolerance below is small relative to the logits
         assert (logits - expected).abs().max().item() <= 1e-5, seq
+
+
+@pytest.mark.parametrize("cap", [0.1, 0.2])  # below the largest logit of this model at init, ~0.3
+def test_the_logit_softcap_bounds_the_logits_keeps_their_order_and_leaves_small_ones_alone(cap):
+    """model.logit_softcap=c on the same weights, in float64: every logit inside (-c, c); the order of each position's
+    logits (so greedy text) kept; and a logit z within |z|^3 / (3 c^2) of its uncapped value (tanh's series)."""
+    torch.manual_seed(0)
+    plain = Transformer(ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                    context_length=16)).double()
+    capped = Transformer(dataclasses.replace(plain.cfg, logit_softcap=cap)).double()
+    capped.load_state_dict(plain.state_dict())
+    tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        z, bounded = plain(tokens), capped(tokens)
+    assert z.abs().max() > cap > bounded.abs().max()  # some logit was past the cap
+    assert torch.equal(z.argsort(dim=-1), bounded.argsort(dim=-1))
+    assert ((bounded - z).abs() <= z.abs() ** 3 / (3 * cap ** 2) + 1e-15).all()
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, float("inf"), True])
+def test_a_logit_softcap_that_is_not_a_positive_number_is_refused(cap):
+    with pytest.raises(ConfigError, match=rf"model.logit_softcap={cap!r} must be a positive number, or null for none"):
+        ModelConfig(logit_softcap=cap)
