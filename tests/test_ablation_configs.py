@@ -216,7 +216,8 @@ def test_the_baseline_is_the_model_the_study_ran():
         "n_shared_experts": 0, "dense_layers": 0, "router": "softmax", "router_aux_coef": 0.0, "router_z_coef": 0.0,
         "router_bias_rate": 0.0, "window": None, "window_pattern": "all", "sinks": False, "attention_gate": False,
         "rotary_fraction": 1.0, "linear_pattern": None, "linear_key_heads": None, "linear_value_heads": None,
-        "linear_head_dim": None, "linear_conv": 4, "linear_chunk": 64, "linear_delta_rule": True}
+        "linear_head_dim": None, "linear_conv": 4, "linear_chunk": 64, "linear_delta_rule": True,
+        "logit_softcap": None}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
     block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352
