@@ -190,8 +190,8 @@ def estimator(models: list[Transformer], names: list[str]) -> dict:
                "local_layers": cfg.n_local_layers, "linear_layers": linear_layers(cfg)}
         presets.append((own | {"cache": kind.PER_POSITION.name} | kind.cache_dims(cfg), kind))
     presets += [LLAMA_2_7B, MISTRAL_7B, *LATENT_PRESETS, QWEN3_NEXT]
-    qwen, kind = QWEN3_NEXT
-    by_context = {label: [estimated_bytes(kind.PER_POSITION, qwen | {"seq": seq, "linear_layers": linear}, 1,
+    qwen, qwen_kind = QWEN3_NEXT
+    by_context = {label: [estimated_bytes(qwen_kind.PER_POSITION, qwen | {"seq": seq, "linear_layers": linear}, 1,
                                           BYTES_PER_ELEMENT[qwen["dtype"]]) for seq in CONTEXTS]
                   for label, linear in BY_CONTEXT.items()}
     return {"bytes_per_element": BYTES_PER_ELEMENT,

@@ -4,13 +4,12 @@ in the models' own vocabulary, data/recall.py).
     python scripts/recall_probe.py multirun/equal_time_gdn/runs --json docs/recall_gdn.json
     python scripts/recall_probe.py outputs/run_a outputs/run_b --pairs 2 4 8
 
-Every run dir with a checkpoint under the paths given is one run; runs whose dirs differ only in their last part,
-seed<k>, are one line (the study's variant/seed<k>). Every line gets the same held-out sequences, drawn from the
+Every run dir with a checkpoint under the paths given is one run; the seeds of one config are one line, named as
+compare.py names its variants (study/variants.py). Every line gets the same held-out sequences, drawn from the
 ordinary pieces of the one vocabulary they share (no control, unknown or byte piece); the accuracy is the share of
 queries whose most likely next token is their answer. Chance is one in the number of pieces.
 """
 import argparse
-import re
 import sys
 from pathlib import Path
 
@@ -24,8 +23,9 @@ from data.recall import IGNORE, recall_batch  # noqa: E402
 from errors import UsageError  # noqa: E402
 from storage.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from storage.files import write_json  # noqa: E402
-from study.runs import find_run_dirs  # noqa: E402
+from study.runs import find_run_dirs, load_run  # noqa: E402
 from study.tables import fmt_mean_std  # noqa: E402
+from study.variants import group_runs  # noqa: E402
 
 PAIRS = [4, 8, 16, 32]
 SEED = 0  # the held-out sequences' generator
@@ -48,11 +48,6 @@ def ordinary_pieces(tokenizer_proto: bytes) -> torch.Tensor:
     sp = spm.SentencePieceProcessor(model_proto=tokenizer_proto)
     return torch.tensor([i for i in range(sp.vocab_size())
                          if not (sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i) or sp.IsUnused(i))])
-
-
-def line_of(run_dir: Path) -> str:
-    """A run's line: its dir less a last part seed<k>."""
-    return str(run_dir.parent if re.fullmatch(r"seed\d+", run_dir.name) else run_dir)
 
 
 def main(argv=None) -> int:
@@ -82,18 +77,18 @@ def probe(args) -> None:
         raise UsageError(f"--pairs {max(args.pairs)}: its sequences of {4 * max(args.pairs)} tokens are longer than "
                          f"a run's context, {shortest}")
     tokens = ordinary_pieces(next(iter(checkpoints.values())).files["tokenizer.model"])
-    runs = []
-    for run_dir, checkpoint in checkpoints.items():
-        accuracy = {p: recall_accuracy(checkpoint.model, p, tokens, args.sequences) for p in args.pairs}
-        runs.append({"run": str(run_dir), "line": line_of(run_dir), "accuracy": accuracy})
-        print(f"{run_dir}: " + ", ".join(f"{a:.3f} at {p} pairs" for p, a in accuracy.items()), flush=True)
+    lines, runs = group_runs([load_run(d) for d in run_dirs]), []
+    for line in lines:
+        for run in line.runs:
+            accuracy = {p: recall_accuracy(checkpoints[run.path].model, p, tokens, args.sequences) for p in args.pairs}
+            runs.append({"run": str(run.path), "line": line.name, "accuracy": accuracy})
+            print(f"{run.path}: " + ", ".join(f"{a:.3f} at {p} pairs" for p, a in accuracy.items()), flush=True)
     print(f"\n{len(tokens)} pieces: chance is {1 / len(tokens):.4f}\n")
     print(f"| line | runs | {' | '.join(f'{p} pairs' for p in args.pairs)} |")
     print("|---|---:|" + "---:|" * len(args.pairs))
-    for line in dict.fromkeys(run["line"] for run in runs):
-        own = [run for run in runs if run["line"] == line]
-        cells = [fmt_mean_std([run["accuracy"][p] for run in own]) for p in args.pairs]
-        print(f"| {line} | {len(own)} | {' | '.join(cells)} |")
+    for line in lines:
+        cells = [fmt_mean_std([run["accuracy"][p] for run in runs if run["line"] == line.name]) for p in args.pairs]
+        print(f"| {line.name} | {len(line.runs)} | {' | '.join(cells)} |")
     if args.json:
         write_json(args.json, {"pairs": args.pairs, "sequences": args.sequences, "pieces": len(tokens),
                                "runs": runs})

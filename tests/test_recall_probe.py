@@ -60,23 +60,25 @@ def test_the_accuracy_is_one_for_a_model_that_looks_queries_up_and_zero_for_one_
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory, tokenizer_file):
-    """Two lines of a study, variant/seed<k>: two seeds of one, one of the other (random weights)."""
+    """Two lines of a study: two seeds of one config (variant a), one of another (b); random weights."""
     root = tmp_path_factory.mktemp("study")
-    for run, seed in (("a/seed0", 0), ("a/seed1", 1), ("b/seed0", 2)):
-        torch.manual_seed(seed)
+    for run, variant, seed in (("a/seed0", "a", 0), ("a/seed1", "a", 1), ("b/seed0", "b", 0)):
+        torch.manual_seed(seed + (variant == "b"))
         save_checkpoint(root / run / "ckpt", Transformer(llama_cfg()), tokenizer_file)
-        (root / run / "config.yaml").write_text("{}\n")
+        (root / run / "config.yaml").write_text(f"variant: {variant}\ntrain:\n  seed: {seed}\n")
     return root
 
 
 def test_the_probe_reads_every_run_with_the_same_sequences_a_line_per_variant(study, tmp_path, capsys):
+    """The seeds of one config are one line, named as compare.py names the variant."""
     out = tmp_path / "recall.json"
     assert recall_probe.main([str(study), "--pairs", "2", "8", "--sequences", "8", "--json", str(out)]) == 0
     table = capsys.readouterr().out.splitlines()[-4:]
     assert table[0] == "| line | runs | 2 pairs | 8 pairs |"
-    assert [row.split(" | ")[:2] for row in table[2:]] == [[f"| {study / 'a'}", "2"], [f"| {study / 'b'}", "1"]]
+    assert [row.split(" | ")[:2] for row in table[2:]] == [["| a", "2"], ["| b", "1"]]
     written = json.loads(out.read_text())
-    assert [run["line"] for run in written["runs"]] == [str(study / "a")] * 2 + [str(study / "b")]
+    assert [(run["line"], run["run"]) for run in written["runs"]] == [
+        ("a", str(study / "a" / "seed0")), ("a", str(study / "a" / "seed1")), ("b", str(study / "b" / "seed0"))]
     assert all(0 <= accuracy <= 1 for run in written["runs"] for accuracy in run["accuracy"].values())
 
 
