@@ -22,6 +22,12 @@ a smaller study); a run's lr, seed and warm-up are the study's, so overriding th
   2. edges   a line whose best lr is its lowest or highest gets the next point beyond it, in the grid's own
              ratio, up to --widen more points per side, counted from the --lrs grid
   3. seeds   each variant at its best lr, seeds 1 .. --seeds - 1 (the no-warm-up lines keep seed 0)
+With --experiment speedrun the same variants are switched on the speedrun's model instead (configs/experiment/
+speedrun.yaml: modern_tiny for 2 minutes of Tiny Shakespeare; docs/speedrun.md):
+
+    python sweep.py --experiment speedrun --out multirun/speedrun --variants baseline value_embeddings ... \
+        --probe --lrs 0.0025 0.005 0.01 -- data.path=tinyshakespeare_train.txt
+
 A line's best lr: the lowest final val bpb among its seed-0 runs at the rates planned for it that completed
 (a diverged run has none). The plan follows from the results alone, so the same command gives the same
 study: a run whose summary.json records how it ended (completed, or diverged) is kept, and every other
@@ -39,11 +45,16 @@ from settings import ablation_variants
 from study.launch import run_main
 from study.lr_study import GRID, PROBE, run_study
 
+EXPERIMENTS = ("ablation", "speedrun")  # the configs/experiment/ files whose runs take configs/ablation/'s variants
+
 
 def main(argv=None) -> None:
     parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__))
     parser.add_argument("--out", type=Path, default=Path("multirun/lr_sweep"), help="the study's dir")
+    parser.add_argument("--experiment", default="ablation", choices=EXPERIMENTS,
+                        help="the runs' model, data and budget (configs/experiment/): the ablation's, or the "
+                             "speedrun's (modern_tiny on Tiny Shakespeare for 2 minutes, docs/speedrun.md)")
     variants = ablation_variants()  # configs/ablation/'s files
     parser.add_argument("--variants", nargs="+", default=variants, choices=variants)
     parser.add_argument("--probe", nargs="*", default=list(PROBE), choices=variants,
@@ -58,7 +69,8 @@ def main(argv=None) -> None:
         parser.error(f"--lrs {' '.join(map(str, args.lrs))}: at least two distinct positive learning rates")
     if args.seeds < 1 or args.widen < 0:
         parser.error(f"--seeds {args.seeds} must be >= 1, --widen {args.widen} >= 0")
-    run_main(lambda: run_study(args.out, args.variants, args.probe, lrs, args.seeds, args.widen, args.overrides))
+    run_main(lambda: run_study(args.out, args.variants, args.probe, lrs, args.seeds, args.widen, args.overrides,
+                               args.experiment))
 
 
 if __name__ == "__main__":

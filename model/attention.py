@@ -88,6 +88,11 @@ class Attention(nn.Module):
     def refuse_settings(cls, cfg) -> None:
         """Another attention is chosen: it checks this one's settings (the window's) itself (model/mla.py)."""
 
+    @staticmethod
+    def value_width(cfg) -> int | None:
+        """One position's values, H_kv D wide: what a value embedding's table adds to (model/value_embeddings.py)."""
+        return cfg.n_kv_heads * cfg.head_dim
+
     @classmethod
     def rope_dim(cls, cfg) -> int:
         """The dims of each head RoPE rotates: model.rotary_fraction of them (all by default)."""
@@ -166,9 +171,12 @@ class Attention(nn.Module):
         q, k = qk.split([H, H_kv], dim=1)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.heads(x, start)
+        if value_embedding is not None:  # [B, T, H_kv D] -> the value heads' [B, H_kv, T, D]: model/value_embeddings.py
+            v = v + value_embedding.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         key_positions = None  # the keys are the positions up to the last query's, in order
         if cache is not None:
             k, v, key_positions = cache.update(start, k, v)

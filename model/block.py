@@ -69,12 +69,21 @@ class Block(nn.Module):
         GPT-2's scaled init draws again (model/transformer.py)."""
         return [*self.attn.residual_weights(), *self.ffn.residual_weights()]
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | StateCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | StateCache | None = None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        """value_embedding: [B, T, H_kv D], this block's table of the tokens for its values (model/value_embeddings.py:
+        only a kind with a value_width gets one), or None."""
         if self.pre_norm:
-            x = x + self.dropout(self.attn(self.attn_norm(x), start, cache))
+            x = x + self.dropout(self.attend(self.attn_norm(x), start, cache, value_embedding))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))
-        x = self.attn_norm(x + self.dropout(self.attn(x, start, cache)))
+        x = self.attn_norm(x + self.dropout(self.attend(x, start, cache, value_embedding)))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
+
+    def attend(self, x: torch.Tensor, start: int, cache: FullCache | StateCache | None,
+               value_embedding: torch.Tensor | None) -> torch.Tensor:
+        if value_embedding is None:
+            return self.attn(x, start, cache)
+        return self.attn(x, start, cache, value_embedding)
 
 
 def final_norm(cfg) -> nn.Module | None:

@@ -20,6 +20,7 @@ from model.checks import is_number, is_whole
 from model.ffn import hidden_width
 from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
+from model.value_embeddings import validate as validate_value_embeddings
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
@@ -100,6 +101,8 @@ class ModelConfig:
     tie_embeddings: bool = True  # the LM head reuses the token embedding matrix
     embedding_scale: str = "gpt2"  # gpt2: E ~ N(0, 0.02^2); transformer2017: N(0, 1/d) x sqrt(d) (model/transformer.py)
     logit_softcap: float | None = None  # c: the logits c tanh(z / c) (Gemma 2, modded-nanogpt); null: z as it is
+    value_embeddings: str | None = None  # all or alternate: a token table added to those layers' values; null: none
+    residual_scalars: bool = False  # x <- lambda_r x + lambda_0 x_0 before each block (model/residual_scalars.py)
     # Multi-head latent attention (model/mla.py): the latent's width d_c; null is attention by K/V heads
     kv_rank: int | None = None
     q_rank: int | None = None  # MLA's query latent; null: a full-rank query projection
@@ -243,7 +246,8 @@ class ModelConfig:
             raise ConfigError(f"model.dropout={self.dropout!r} must be a number in [0, 1)")
         if self.logit_softcap is not None and not (is_number(self.logit_softcap) and 0 < self.logit_softcap < math.inf):
             raise ConfigError(f"model.logit_softcap={self.logit_softcap!r} must be a positive number, or null for none")
-        for key in ("bias", "tie_embeddings"):
+        validate_value_embeddings(self)
+        for key in ("bias", "tie_embeddings", "residual_scalars"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")
 

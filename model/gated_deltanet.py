@@ -117,6 +117,11 @@ class GatedDeltaNet(nn.Module):
     window = sinks = None  # no band mask, no sink logit: validate refuses them
     rotary = None  # no positions: the conv and the gate carry order
 
+    @staticmethod
+    def value_width(cfg) -> None:
+        """None: its values go into the state, no value embedding adds to them (model/value_embeddings.py)."""
+        return None
+
     @classmethod
     def validate(cls, cfg) -> None:
         """The rules of its own settings (model.linear_pattern and SIZES, linear_conv, linear_chunk) and of its

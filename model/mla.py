@@ -45,6 +45,11 @@ SETTINGS = ("q_rank", "rope_head_dim", "v_head_dim")  # its settings beside mode
 class LatentAttention(nn.Module):
     window = sinks = None  # no local window, no sink logits: validate refuses them
 
+    @staticmethod
+    def value_width(cfg) -> None:
+        """None: its values come out of the latent, no value embedding adds to them (model/value_embeddings.py)."""
+        return None
+
     @classmethod
     def validate(cls, cfg) -> None:
         """The rules of the latent's settings (model.kv_rank and SETTINGS), and the settings it cannot take: a

@@ -3,6 +3,10 @@
     tokens: [B, T] -> embed: [B, T, d] (+ absolute positions) -> n_layers x Block
             -> final Norm (Pre-Norm only) -> LM head -> logits: [B, T, vocab]
 
+Two of the speedrun's switches reach into that loop: value embeddings add a table of the tokens to chosen layers'
+attention values (model/value_embeddings.py), residual scalars mix the embedding stream back in before each block
+(model/residual_scalars.py).
+
 The LM head shares the embedding matrix by default (tie_embeddings), as in the 2017
 Transformer and GPT-2: at this size the vocab x d matrix is a fifth of the parameters.
 
@@ -30,6 +34,8 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.moe import MoE
 from model.positions import make_positions
+from model.residual_scalars import ResidualScalars
+from model.value_embeddings import ValueEmbeddings
 
 INIT_STD = 0.02  # GPT-2's, for every weight matrix and (with embedding_scale=gpt2) the embeddings
 
@@ -46,6 +52,8 @@ class Transformer(nn.Module):
         self.rotary = rotary  # one table, shared by every layer's attention
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))
+        self.value_embeddings = ValueEmbeddings(cfg) if cfg.value_embeddings is not None else None
+        self.residual_scalars = ResidualScalars(cfg.n_layers) if cfg.residual_scalars else None
         self.final_norm = final_norm(cfg)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -188,9 +196,12 @@ class Transformer(nn.Module):
         x = self.token_signal(tokens)
         if self.abs_pos is not None:
             x = self.abs_pos(x, start)
-        x = self.dropout(x)
-        for block, layer_cache in zip(self.blocks, layer_caches):
-            x = block(x, start, layer_cache)
+        x0 = x = self.dropout(x)
+        values = self.value_embeddings(tokens) if self.value_embeddings is not None else [None] * len(self.blocks)
+        for layer, (block, layer_cache, value_embedding) in enumerate(zip(self.blocks, layer_caches, values)):
+            if self.residual_scalars is not None:
+                x = self.residual_scalars(x, x0, layer)
+            x = block(x, start, layer_cache, value_embedding)
         if last_only:
             x = x[:, -1:]
         if self.final_norm is not None:

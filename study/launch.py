@@ -50,7 +50,7 @@ def study_dir(out: Path):
         yield
 
 
-def check_overrides(overrides: list[str], points: list) -> None:
+def check_overrides(overrides: list[str], points: list, experiment: str = "ablation") -> None:
     """The overrides after --, refused before anything is written: one that sets what the study's points set
     themselves (a point's config would lose to it), and any that cannot be composed (a mistyped key or value, an
     unknown launcher or one whose plugin is not installed)."""
@@ -59,12 +59,14 @@ def check_overrides(overrides: list[str], points: list) -> None:
         key = override.split("=")[0].lstrip("+~")
         if key in own:
             raise UsageError(f"{override}: the study sets {key} for each run itself")
-    compose_config(["+experiment=ablation", f"ablation={points[0].variant}", *overrides], return_hydra_config=True)
+    compose_config([f"+experiment={experiment}", f"ablation={points[0].variant}", *overrides],
+                   return_hydra_config=True)
 
 
-def launch(points: list, out: Path, overrides: list[str], stage: str, done: list) -> None:
+def launch(points: list, out: Path, overrides: list[str], stage: str, done: list, experiment: str = "ablation") -> None:
     """Trains the points (each with a variant, a name and its settings) that have no result yet in OUT/<name>,
-    as one Hydra multirun: python train.py -m +experiment=ablation <overrides> +point=<name>,<name>,...
+    as one Hydra multirun: python train.py -m +experiment=<experiment> <overrides> +point=<name>,<name>,...
+    (configs/experiment/: ablation's model and budget, or the speedrun's).
 
     Each point is a config of the group `point`, written to OUT/.plan/point/<name>.yaml; the multirun's launcher
     (basic, joblib, submitit_slurm, ...: the overrides choose it) runs them, each in OUT/<name>. A point whose
@@ -86,7 +88,7 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
         write_point_config(plan, point)
     log = out / "logs" / f"{stage}.log"
     log.parent.mkdir(exist_ok=True)
-    command = [sys.executable, str(ROOT / "train.py"), "-m", "+experiment=ablation", "hydra.sweeper.params=null",
+    command = [sys.executable, str(ROOT / "train.py"), "-m", f"+experiment={experiment}", "hydra.sweeper.params=null",
                f"hydra.searchpath=[file://{plan.resolve()}]", f"hydra.sweep.dir={out}",
                "hydra.sweep.subdir=${hydra:runtime.choices.point}", *overrides,
                "+point=" + ",".join(p.name for p in todo)]

@@ -54,15 +54,15 @@ def best_lrs(out: Path, lines: dict[str, Point], planned: dict[str, list[float]]
 
 
 def run_study(out: Path, variants: list[str], probe: list[str], lrs: list[float], n_seeds: int, widen: int,
-              overrides: list[str]) -> None:
+              overrides: list[str], experiment: str = "ablation") -> None:
     started, done = time.perf_counter(), []
     grid = [Point(v, lr, warmup=w) for w in (True, False) for v in (variants if w else probe)
             for lr in lrs]
-    check_overrides(overrides, grid)
+    check_overrides(overrides, grid, experiment)
     print(f"study in {out}: {len(variants)} variants x {len(lrs)} learning rates ({lrs[0]:g} .. {lrs[-1]:g})",
           flush=True)
     with study_dir(out):
-        launch(grid, out, overrides, "grid", done)
+        launch(grid, out, overrides, "grid", done, experiment)
         lines = {p.line: p for p in grid}  # one Point per line: its variant and warm-up
         # each line's learning rates: the grid, then a point beyond an edge that was best, up to `widen` a side;
         # planned from the results alone, so that the same command always gives the same study
@@ -77,12 +77,12 @@ def run_study(out: Path, variants: list[str], probe: list[str], lrs: list[float]
                 break
             for point in extra:
                 planned[point.line] = sorted([*planned[point.line], point.lr])
-            launch(extra, out, overrides, f"edges{edge + 1}", done)
+            launch(extra, out, overrides, f"edges{edge + 1}", done, experiment)
 
         best = best_lrs(out, lines, planned)
         seeds = [Point(p.variant, best[line], seed) for line, p in lines.items() if p.warmup and best[line]
                  for seed in range(1, n_seeds)]
-        launch(seeds, out, overrides, "seeds", done)
+        launch(seeds, out, overrides, "seeds", done, experiment)
         write_json(out / "best_lr.json", best)
 
     print(f"\n{len(done)} runs in {(time.perf_counter() - started) / 60:.1f} min. Best learning rates:")

@@ -67,8 +67,13 @@ SWITCHES = {
     "gdn_hybrid_nodelta": {**GDN, "linear_pattern": "3:1", "attention_gate": True, "linear_delta_rule": False},
     "gdn_all": {**GDN, "linear_pattern": "all", "position": "none"},
 }
-TRAIN_SWITCHES = {"muon": {"optimizer": "muon"}, "modern": {"optimizer": "muon"}}  # train.* a variant changes
-PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"}}  # study lines only
+TRAIN_SWITCHES = {"muon": {"optimizer": "muon"}, "modern": {"optimizer": "muon"},  # train.* a variant changes
+                  "wsd": {"decay_fraction": 0.4}}
+# Study lines only, not in the ablation's multirun: the warm-up probe's, and the speedrun's switches (swept on
+# modern_tiny by `sweep.py --experiment speedrun`, docs/speedrun.md)
+PROBES = {"postnorm2017": {"norm_position": "post", "embedding_scale": "transformer2017"},
+          "value_embeddings": {"value_embeddings": "alternate"}, "residual_scalars": {"residual_scalars": True},
+          "untied": {"tie_embeddings": False}, "softcap": {"logit_softcap": 15.0}, "wsd": {}}
 
 
 @functools.cache
@@ -125,7 +130,8 @@ AFTER_GQA = json.loads((CONFIG_DIR.parent / "docs" / "ablation_mla.json").read_t
 AFTER_DENSE = json.loads((CONFIG_DIR.parent / "docs" / "ablation_moe.json").read_text())["variants"]  # MoE's study
 WINDOWS = json.loads((CONFIG_DIR.parent / "docs" / "ablation_window.json").read_text())["variants"]  # windows' study
 LINEAR = json.loads((CONFIG_DIR.parent / "docs" / "ablation_gdn.json").read_text())["variants"]  # Gated DeltaNet's
-for later in (AFTER_LLAMA, AFTER_GQA, AFTER_DENSE, WINDOWS, LINEAR):  # the recorded baseline stays; each later study adds its own lines
+SPEEDRUN = json.loads((CONFIG_DIR.parent / "docs" / "speedrun_lr.json").read_text())["variants"]  # on modern_tiny
+for later in (AFTER_LLAMA, AFTER_GQA, AFTER_DENSE, WINDOWS, LINEAR, SPEEDRUN):  # the recorded baseline stays; each later study adds its own lines
     STUDY |= {name: line for name, line in later.items() if name not in STUDY}
 
 
@@ -181,6 +187,9 @@ def test_a_probe_line_differs_from_the_baseline_in_its_switches_only(variant):
     config, _ = compose_run("+experiment=ablation", f"ablation={variant}")
     baseline, _ = compose_run("+experiment=ablation", "ablation=baseline", "train.seed=0")
     assert {k: v for k, v in config["model"].items() if v != baseline["model"][k]} == PROBES[variant]
+    assert {k: v for k, v in config["train"].items() if v != baseline["train"][k] and k not in ("lr", "min_lr",
+                                                                                                   "muon_lr")} \
+        == TRAIN_SWITCHES.get(variant, {})
 
 
 @pytest.mark.parametrize("variant", {**SWITCHES, **PROBES})
@@ -217,7 +226,7 @@ def test_the_baseline_is_the_model_the_study_ran():
         "router_bias_rate": 0.0, "window": None, "window_pattern": "all", "sinks": False, "attention_gate": False,
         "rotary_fraction": 1.0, "linear_pattern": None, "linear_key_heads": None, "linear_value_heads": None,
         "linear_head_dim": None, "linear_conv": 4, "linear_chunk": 64, "linear_delta_rule": True,
-        "logit_softcap": None}
+        "logit_softcap": None, "value_embeddings": None, "residual_scalars": False}
     assert config["data"]["vocab_size"] == 4096
     model = Transformer(ModelConfig.from_dict(config["model"] | {"vocab_size": 4096}))
     block = 2 * 128 + 128 * (8 + 2 * 2) * 16 + 128 * 128 + 3 * 128 * 352  # norms, qkv, out, SwiGLU's d_ff 352

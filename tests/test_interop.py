@@ -140,7 +140,7 @@ def test_export_ships_only_tokenizer_model_when_transformers_would_encode_differ
     dict(position="none"), dict(ffn="relu"), dict(ffn="gelu"), dict(ffn="relu2"), dict(bias=True),
     dict(norm="layernorm", norm_position="post", position="sinusoidal", ffn="relu", bias=True),
     dict(qk_norm="rmsnorm", ffn="relu2"), dict(qk_norm="rmsnorm", norm_position="post", bias=True),
-    dict(logit_softcap=15.0)])
+    dict(logit_softcap=15.0), dict(value_embeddings="alternate"), dict(residual_scalars=True)])
 def test_export_refuses_switches_with_no_counterpart_naming_each(tmp_path, tokenizer_file, capsys, switches):
     save_checkpoint(tmp_path / "ckpt", Transformer(llama_cfg(**switches)), tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2

@@ -41,7 +41,7 @@ from model.transformer import Transformer
 # The value each switch must have for the model to be a LLaMA; a family adds the switches that make it itself.
 LLAMA_SWITCHES = {"norm": "rmsnorm", "norm_position": "pre", "position": "rope", "ffn": "swiglu", "bias": False,
                   "embedding_scale": "gpt2", "linear_pattern": None, "attention_gate": False, "rotary_fraction": 1.0,
-                  "logit_softcap": None}
+                  "logit_softcap": None, "value_embeddings": None, "residual_scalars": False}
 # ffn=moe (model/moe.py) under the softmax router, no shared experts and no balancing bias: Mixtral's, Qwen3-MoE's
 MOE_SWITCHES = LLAMA_SWITCHES | {"ffn": "moe", "router": "softmax", "n_shared_experts": 0, "router_bias_rate": 0.0}
 
