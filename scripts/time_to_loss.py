@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from cli import ascii_numbers, run_command  # noqa: E402
 from errors import UsageError  # noqa: E402
 from storage.files import write_json  # noqa: E402
-from study.launch import ROOT, finished  # noqa: E402
+from study.launch import ROOT, finished, signals_passed_to  # noqa: E402
 from training.multirun import die_with_parent  # noqa: E402
 
 PRESETS = ("speedrun", "modern_tiny", "llama_tiny")
@@ -109,24 +109,13 @@ def benchmark(args) -> int:
 def run_to_end(command: list[str], cwd: Path, log: Path) -> int:
     """One process, its output into log; SIGINT and SIGTERM reach it once and stop the benchmark after it saved."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    stopped = []
     with open(log, "a") as output:
         process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
                                    preexec_fn=die_with_parent)
-
-        def stop(signum, frame):
-            if not stopped:
-                stopped.append(signum)
-                process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-
-        previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
+        with signals_passed_to(process) as stopped_by:
             code = process.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-    if stopped:
-        raise Stopped(stopped[0])
+    if stopped_by:
+        raise Stopped(stopped_by[0])
     return code
 
 

@@ -93,17 +93,10 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                "hydra.sweep.subdir=${hydra:runtime.choices.point}", *overrides,
                "+point=" + ",".join(p.name for p in todo)]
     print(f"{stage}: {len(todo)} runs, as one multirun (its output: {log})", flush=True)
-    started, waiting, stopped_by = time.perf_counter(), list(todo), []
+    started, waiting = time.perf_counter(), list(todo)
     with open(log, "a") as output:
         multirun = start_multirun(command, output)
-
-        def stop(signum, frame):
-            if not stopped_by:
-                stopped_by.append(signum)
-                multirun.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-
-        previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-        try:
+        with signals_passed_to(multirun) as stopped_by:
             while waiting:
                 ended = multirun.poll() is not None
                 for point, summary in [(p, finished(out / p.name)) for p in waiting]:
@@ -121,9 +114,6 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                 except subprocess.TimeoutExpired:
                     pass
             multirun.wait()
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
     if stopped_by:
         raise StudyStopped(stopped_by[0])
     if waiting:
@@ -133,6 +123,25 @@ def launch(points: list, out: Path, overrides: list[str], stage: str, done: list
                            for p in waiting)
         raise RunFailed(f"{stage}: {len(waiting)} of {len(todo)} runs ended without a result: {failed}; "
                         f"their output: {log}")
+
+
+@contextmanager
+def signals_passed_to(process: subprocess.Popen):
+    """While the block runs, SIGINT reaches the process as SIGINT, SIGTERM and SIGHUP as SIGTERM, once (a second
+    SIGINT would abort its runs before their checkpoints); yields the list that records that first signal."""
+    stopped_by = []
+
+    def stop(signum, frame):
+        if not stopped_by:
+            stopped_by.append(signum)
+            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
+
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield stopped_by
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def start_multirun(command: list[str], output) -> subprocess.Popen:
