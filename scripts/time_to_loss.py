@@ -21,13 +21,12 @@ Runs go one at a time, nothing else may run meanwhile (the timings need the core
 its own under --out, the seeds outermost so that any drift of the machine falls on every preset alike. A run that
 has a result is kept, so the same command resumes an interrupted benchmark and only trains what is missing; a run
 that fails costs itself only, and the command then exits 1 naming it. Ctrl-C or SIGTERM stops the run in progress
-(it saves) and the command; no process outlives it. Prints a table and writes --json.
+(ours save and resume; a stopped nanoGPT run starts again) and the command; no process outlives it. Prints a table and writes --json.
 """
 import argparse
 import json
 import math
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -35,11 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script, from any dir
 
-from cli import ascii_numbers, run_command  # noqa: E402
+from cli import ascii_numbers  # noqa: E402
 from errors import UsageError  # noqa: E402
 from storage.files import write_json  # noqa: E402
-from study.launch import ROOT, finished, signals_passed_to  # noqa: E402
-from training.multirun import die_with_parent  # noqa: E402
+from study.launch import ROOT, StudyStopped, finished, run_main, signals_passed_to, start_multirun  # noqa: E402
 
 PRESETS = ("speedrun", "modern_tiny", "llama_tiny")
 NANOGPT_TARGET = 1.8857 / math.log(2)  # nanoGPT README's CPU run ends at val loss 1.8857 nats/char: 2.7205 bits
@@ -49,13 +47,7 @@ NANOGPT_COMMAND = ["config/train_shakespeare_char.py", "--device=cpu", "--compil
                    "--n_embd=128", "--max_iters=2000", "--lr_decay_iters=2000", "--dropout=0.0"]
 
 
-class Stopped(Exception):
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-def main(argv=None) -> int:
+def main(argv=None) -> None:
     parser = ascii_numbers(argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__))
     parser.add_argument("--text", type=Path, required=True, help="Tiny Shakespeare as one file (input.txt)")
@@ -71,7 +63,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="default: OUT/time_to_loss.json")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides for every run of ours, after --")
     args = parser.parse_args(argv)
-    return run_command(lambda: benchmark(args))
+    run_main(lambda: benchmark(args))
 
 
 def benchmark(args) -> int:
@@ -110,12 +102,11 @@ def run_to_end(command: list[str], cwd: Path, log: Path) -> int:
     """One process, its output into log; SIGINT and SIGTERM reach it once and stop the benchmark after it saved."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as output:
-        process = subprocess.Popen(command, cwd=cwd, stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
-                                   preexec_fn=die_with_parent)
+        process = start_multirun(command, output, cwd)
         with signals_passed_to(process) as stopped_by:
             code = process.wait()
     if stopped_by:
-        raise Stopped(stopped_by[0])
+        raise StudyStopped(stopped_by[0])
     return code
 
 
@@ -124,8 +115,8 @@ def train(preset: str, seed: int, budget: float, text: Path, vocab_size: int, ru
     print(f"{preset}, {budget:g} s, seed {seed}: {run_dir}", flush=True)
     never = 1_000_000  # one eval, sample and checkpoint: at the end
     run_to_end([sys.executable, str(ROOT / "train.py"), f"model={preset}", "data=text", f"data.path={text}",
-                "data.val_fraction=0.1", f"data.vocab_size={vocab_size}", f"train.time_budget={budget:g}", "train.max_steps=null",
-                f"train.seed={seed}", f"train.eval_interval={never}", f"train.ckpt_interval={never}",
+                "data.val_fraction=0.1", f"data.vocab_size={vocab_size}", f"train.time_budget={budget:g}",
+                "train.max_steps=null", f"train.seed={seed}", f"train.eval_interval={never}", f"train.ckpt_interval={never}",
                 f"train.sample_interval={never}", "train.resume=auto", f"hydra.run.dir={run_dir.resolve()}",
                 "latest_link=null", "wandb.mode=disabled", *overrides], ROOT, run_dir.parent / f"{run_dir.name}.log")
     return finished(run_dir)
@@ -211,8 +202,4 @@ def table(results: dict) -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except Stopped as stopped:
-        print(f"stopped: {stopped}: the run in progress saved; the same command resumes the benchmark", file=sys.stderr)
-        sys.exit(128 + stopped.signum)
+    main()

@@ -144,11 +144,11 @@ def signals_passed_to(process: subprocess.Popen):
             signal.signal(signum, handler)
 
 
-def start_multirun(command: list[str], output) -> subprocess.Popen:
-    """The stage's `python train.py -m ...`, its stdout and stderr into output. In a session of its own: a
-    terminal's Ctrl-C reaches this process alone, which passes it on exactly once (a second SIGINT would abort the
-    runs before their checkpoints)."""
-    return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+def start_multirun(command: list[str], output, cwd: Path = ROOT) -> subprocess.Popen:
+    """The stage's `python train.py -m ...` (or a benchmark's one run: scripts/time_to_loss.py), its stdout and
+    stderr into output. In a session of its own: a terminal's Ctrl-C reaches this process alone, which passes it on
+    exactly once (a second SIGINT would abort the runs before their checkpoints); it ends when this process does."""
+    return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
                             preexec_fn=die_with_parent)
 
 
