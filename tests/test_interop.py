@@ -709,17 +709,17 @@ def shared_gate(state: dict[str, torch.Tensor]) -> None:
 
 
 @pytest.mark.parametrize("config_changes, weights_change, named", [
-    ({"partial_rotary_factor": None}, None, "partial_rotary_factor=0.25 is not supported"),  # None: Qwen3-Next's own
-    ({"layer_types": None}, None, "layer_types[0]='linear_attention' is not supported"),
+    # None: Qwen3-Next's own, three layers in four linear: both of these two layers, and no attention layer
+    ({"layer_types": None}, None, "layer_types=['linear_attention', 'linear_attention'] is not supported"),
     ({"shared_expert_intermediate_size": 18}, None, "shared_expert_intermediate_size=18 is not supported"),
     ({}, gate_rows_of_head_0, "model.layers.0.self_attn.q_proj.weight's output gate (each head's last head_dim rows) "
-                              "is not zero: this repo's attention output has no gate"),
+                              "is not zero: this repo reads an all-attention Qwen3-Next's attention as gate-less"),
     ({}, shared_gate, "model.layers.1.mlp.shared_expert_gate.weight is not zero: this repo's shared experts are not "
                       "gated")])
 def test_import_refuses_what_qwen3_next_has_and_this_repo_lacks(tmp_path, tokenizer_file, config_changes,
                                                                 weights_change, named):
-    """Qwen3-Next's defaults (a quarter of each head rotated; three layers in four Gated DeltaNet), a shared expert
-    of another width, and gates that are not zero: each refused in one line."""
+    """Qwen3-Next's default layers (three in four Gated DeltaNet) where that leaves no attention layer, a shared
+    expert of another width, and gates that are not zero: each refused in one line."""
     model = Transformer(moe_tiny_cfg(dense_layers=1))
     config = hf_config(model.cfg) | config_changes
     d = write_hf_dir(tmp_path / "hf", {k: v for k, v in config.items() if v is not None}, tokenizer_file)
@@ -737,6 +737,9 @@ def test_import_refuses_what_qwen3_next_has_and_this_repo_lacks(tmp_path, tokeni
     (dict(), "llama"), (dict(qk_norm="rmsnorm"), "qwen3"),
     (dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12, qk_norm="rmsnorm", n_shared_experts=1),
      "qwen3_next"),
+    (dict(n_layers=4, qk_norm="rmsnorm", linear_pattern="3:1", attention_gate=True), "qwen3_5_text"),
+    (dict(n_layers=4, qk_norm="rmsnorm", linear_pattern="3:1", attention_gate=True, ffn="moe", n_experts=4,
+          experts_per_token=2, expert_d_ff=12, n_shared_experts=1), "qwen3_next"),
     (dict(kv_rank=16, rope_head_dim=4, n_kv_heads=4), "deepseek_v3"),
     *((dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12) | switches, family)
       for family, (switches, _) in MOE_FAMILIES.items()),
@@ -821,8 +824,75 @@ def test_the_qwen3_5_export_refuses_what_it_lacks(tmp_path, tokenizer_file, caps
 
 
 def test_a_model_with_linear_layers_is_refused_by_every_other_family():
-    """LLaMA's switches hold no linear layer, gate or partial RoPE: only Qwen3.5 claims a model with them."""
+    """LLaMA's switches hold no linear layer, gate or partial RoPE: only Qwen3.5 (and Qwen3-Next, with experts)
+    claims a model with them."""
     assert family_of(hybrid_cfg()).model_type == "qwen3_5_text"
     for switches in (dict(attention_gate=True), dict(rotary_fraction=0.5)):
         with pytest.raises(InteropError, match=f"model.{next(iter(switches))}="):
             hf_config(llama_cfg(**switches))
+
+
+# --- Qwen3-Next as Qwen ships it: the 3:1 hybrid with experts (interop/families/qwen3_next.py) ----------------------
+
+def hybrid_moe_cfg(**settings):
+    """hybrid_cfg's layers (2 key heads, each serving 2 of the 4 value heads) with moe_tiny's experts: 4 of 12, 2 a
+    token, one shared, the first block dense."""
+    return hybrid_cfg(**dict(ffn="moe", n_experts=4, experts_per_token=2, expert_d_ff=12, n_shared_experts=1,
+                             dense_layers=1) | settings)
+
+
+# transformers' Qwen3-Next rounds to float32 inside a float64 model where its Qwen3.5 does (the norms, the gate's log
+# decay, the delta-rule kernels) and in its router (MOE_FLOAT64_STEPS). Measured on this model (max logit 10.0): 9.0e-5
+# apart in float32, 6.7e-5 in float64 (6.7e-6 of the largest logit), under the Qwen3.5 test's bound of 2^-15 of it
+# (3.1e-5 of it). With its module's float32 made float64 (an experiment, not this test): 4.6e-8, as the Qwen3.5
+# model under the same experiment (2.6e-8, which is exact with every cast taken out), so what is left is the casts,
+# not the mapping; a weight put in another key head's group moves logits of std > 1 by O(1).
+def test_the_hybrid_with_experts_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_back(
+        tmp_path, tokenizer_file, tok, capsys):
+    model = far_from_init(Transformer(hybrid_moe_cfg()))
+    with torch.no_grad():  # gates that fade slowly: the state carries the prompt's start to its end
+        for block in model.blocks[:3]:
+            block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 4).log())
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
+    assert type(theirs).__name__ == "Qwen3NextForCausalLM"
+    config = theirs.config
+    assert (config.layer_types, config.rope_parameters["partial_rotary_factor"], config.mlp_only_layers,
+            config.linear_num_value_heads) == (3 * ["linear_attention"] + ["full_attention"], 0.25, [0], 4)
+    written, state = load_file(tmp_path / "hf" / "model.safetensors"), model.state_dict()
+    # key head 1's group in in_proj_qkvz: its q (8 rows), its k (8), value heads 2 and 3 (16), their z (16)
+    qkv, group = state["blocks.1.attn.qkv.weight"], written["model.layers.1.linear_attn.in_proj_qkvz.weight"][48:]
+    assert torch.equal(group, torch.cat([qkv[8:16], qkv[24:32], qkv[48:64], state["blocks.1.attn.gate.weight"][16:]]))
+    assert torch.equal(written["model.layers.1.linear_attn.in_proj_ba.weight"][4:],  # [b_2, b_3, a_2, a_3]
+                       torch.cat([state["blocks.1.attn.beta_proj.weight"][2:], state["blocks.1.attn.decay_proj.weight"][2:]]))
+    assert torch.equal(written["model.layers.3.self_attn.q_proj.weight"].view(4, 2, 8, 32)[:, 1],
+                       state["blocks.3.attn.gate.weight"].view(4, 8, 32))  # the gate itself, o_proj as it is
+    assert torch.equal(written["model.layers.3.self_attn.o_proj.weight"], state["blocks.3.attn.out.weight"])
+    assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, 2 ** -15, 2 ** -15)
+
+    reloaded, _ = load_model(tmp_path / "hf")
+    assert (reloaded.cfg.linear_pattern, reloaded.cfg.attention_gate, reloaded.cfg.rotary_fraction,
+            reloaded.cfg.n_shared_experts, reloaded.cfg.dense_layers) == ("3:1", True, 0.25, 1, 1)
+    back = reloaded.state_dict()
+    gains = {name for name in state if name.endswith("norm.weight") and ".attn.norm." not in name}
+    assert all(torch.equal(back[name], state[name]) for name in state.keys() - gains)
+    assert max((back[name] - state[name]).abs().max() for name in gains) <= 2 ** -24
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # the same ops in the same order; only gains below 1/2 differ, by at most 2^-24
+        expected = model(tokens)
+        assert (reloaded(tokens) - expected).abs().max() <= 2 ** -15 * expected.abs().max()
+
+
+@pytest.mark.parametrize("cfg, message", [
+    (hybrid_moe_cfg(n_shared_experts=0), "model.n_shared_experts=0 has no transformers Qwen3-Next equivalent: its "
+                                         "sparse blocks always have a shared expert"),
+    (hybrid_moe_cfg(attention_gate=False), "model.attention_gate=False with model.linear_pattern=3:1 has no "
+                                           "transformers Qwen3-Next equivalent here"),
+    (moe_tiny_cfg(attention_gate=True), "model.attention_gate=True with model.linear_pattern=None has no "
+                                        "transformers Qwen3-Next equivalent here")])
+def test_the_qwen3_next_export_refuses_a_gate_or_shared_expert_its_import_would_read_otherwise(
+        tmp_path, tokenizer_file, capsys, cfg, message):
+    save_checkpoint(tmp_path / "ckpt", Transformer(cfg), tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
+    assert one_error_line(capsys).startswith(f"error: {message}") and not (tmp_path / "hf").exists()

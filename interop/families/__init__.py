@@ -24,10 +24,10 @@ FAMILIES = (
     qwen3.FAMILY,
     mixtral.FAMILY,
     qwen3_moe.FAMILY,
-    qwen3_next.FAMILY,
+    qwen3_5.FAMILY,
+    qwen3_next.FAMILY,  # Qwen3-MoE's with a shared expert, and Qwen3.5's hybrid with experts
     deepseek_v3.FAMILY,
     gpt_oss.FAMILY,
-    qwen3_5.FAMILY,
 )
 BY_MODEL_TYPE = {family.model_type: family for family in FAMILIES}
 GENERIC = Family()

@@ -42,15 +42,12 @@ import torch
 from interop import InteropError
 from interop.families.base import LLAMA_SWITCHES, Family, LlamaCppArch
 from interop.families.qwen3 import qk_norm_names
-from interop.families.qwen3_next import norm_names, partial_rope
+from interop.families.qwen3_next import attention_layers, gated_rows, hybrid_layer_types, hybrid_settings, \
+    linear_attention_names, linear_keys, norm_names, partial_rope, ungated_rows
 from interop.layout import Names
-from model.config import ModelConfig, window_pattern_of
+from model.config import ModelConfig
 from model.gated_deltanet import L2_EPS, GatedDeltaNet
 from model.transformer import Transformer
-
-
-def attention_layers(model: Transformer) -> list[int]:
-    return [i for i, block in enumerate(model.blocks) if not isinstance(block.attn, GatedDeltaNet)]
 
 
 class Qwen3_5(Family):
@@ -64,16 +61,13 @@ class Qwen3_5(Family):
     llama_cpp_float32 = {gguf.MODEL_TENSOR.SSM_CONV1D}  # as llama.cpp's converter keeps it
 
     def claims(self, cfg: ModelConfig) -> bool:
-        return cfg.linear_pattern is not None
+        return cfg.linear_pattern is not None  # with experts, Qwen3-Next's (qwen3_next.py) where it claims them
 
     def head_keys(self, cfg: ModelConfig) -> dict:
-        return {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
-                "linear_num_key_heads": cfg.n_linear_key_heads, "linear_num_value_heads": cfg.n_linear_value_heads,
-                "linear_key_head_dim": cfg.linear_dim, "linear_value_head_dim": cfg.linear_dim,
-                "linear_conv_kernel_dim": cfg.linear_conv}
+        return {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim} | linear_keys(cfg)
 
     def window_keys(self, cfg: ModelConfig) -> dict:
-        return {"layer_types": ["linear_attention" if linear else "full_attention" for linear in cfg.linear_layers]}
+        return hybrid_layer_types(cfg)
 
     def rope_keys(self, cfg: ModelConfig) -> dict:
         return {"partial_rotary_factor": cfg.rotary_fraction}
@@ -84,47 +78,29 @@ class Qwen3_5(Family):
             return {ours + "qkv.weight": [(theirs + "q_proj.weight", 2 * H * D), (theirs + "k_proj.weight", H_kv * D),
                                           (theirs + "v_proj.weight", H_kv * D)],
                     ours + "out.weight": [(theirs + "o_proj.weight", cfg.d_model)]} | qk_norm_names(cfg, ours, theirs)
-        theirs = theirs.removesuffix("self_attn.") + "linear_attn."
         H_v, D = attn.value_heads, attn.head_dim
-        return {ours + name: [(theirs + hf_name, rows)] for name, hf_name, rows in (
-            ("qkv.weight", "in_proj_qkv.weight", attn.qkv.out_features),
-            ("conv.weight", "conv1d.weight", attn.qkv.out_features),
-            ("decay_proj.weight", "in_proj_a.weight", H_v), ("beta_proj.weight", "in_proj_b.weight", H_v),
-            ("gate.weight", "in_proj_z.weight", H_v * D), ("A_log", "A_log", H_v), ("dt_bias", "dt_bias", H_v),
-            ("norm.weight", "norm.weight", D), ("out.weight", "out_proj.weight", cfg.d_model))}
+        return linear_attention_names(attn, cfg, ours, theirs, [
+            ("qkv.weight", "in_proj_qkv.weight", attn.qkv.out_features), ("decay_proj.weight", "in_proj_a.weight", H_v),
+            ("beta_proj.weight", "in_proj_b.weight", H_v), ("gate.weight", "in_proj_z.weight", H_v * D)])
 
     def to_hf(self, state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
         cfg, out = model.cfg, dict(state)
-        for name in self.norm_names(model):
+        for name in norm_names(out, cfg):
             out[name] = out[name] - 1
-        H, D = cfg.n_heads, cfg.head_dim
         for i in attention_layers(model):
-            q, kv = out[f"blocks.{i}.attn.qkv.weight"].split([H * D, 2 * cfg.n_kv_heads * D])
-            gate = out.pop(f"blocks.{i}.attn.gate.weight")
-            per_head = torch.stack([q.view(H, D, -1), gate.view(H, D, -1)], dim=1)  # [H, (q, gate), D, d]
-            out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([per_head.flatten(0, 2), kv])
+            ours = f"blocks.{i}.attn."
+            out[ours + "qkv.weight"] = gated_rows(out[ours + "qkv.weight"], out.pop(ours + "gate.weight"), cfg)
         return out
 
     def from_hf(self, state: dict[str, torch.Tensor], model: Transformer, hf_state: dict[str, torch.Tensor],
                 config: dict, extra: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         cfg, out = model.cfg, dict(state)
-        for name in self.norm_names(model):
+        for name in norm_names(out, cfg):
             out[name] = out[name] + 1
-        H, D = cfg.n_heads, cfg.head_dim
         for i in attention_layers(model):
-            rows, kv = out[f"blocks.{i}.attn.qkv.weight"].split([2 * H * D, 2 * cfg.n_kv_heads * D])
-            query, gate = rows.view(H, 2, D, -1).unbind(1)
-            out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([query.flatten(0, 1), kv])
-            out[f"blocks.{i}.attn.gate.weight"] = gate.flatten(0, 1)
+            ours = f"blocks.{i}.attn."
+            out[ours + "qkv.weight"], out[ours + "gate.weight"] = ungated_rows(out[ours + "qkv.weight"], cfg)
         return out
-
-    @staticmethod
-    def norm_names(model: Transformer) -> list[str]:
-        """The (1 + w) RMSNorms: every block's two, the final one, and the attention layers' q and k norms."""
-        cfg = model.cfg
-        qk = {f"blocks.{i}.attn.qk_norm.{x}_norm.weight" for i in range(cfg.n_layers) for x in "qk"}
-        attention_qk = {f"blocks.{i}.attn.qk_norm.{x}_norm.weight" for i in attention_layers(model) for x in "qk"}
-        return [name for name in norm_names(cfg) if name not in qk or name in attention_qk]
 
     def read(self, hf: dict) -> dict:
         """partial_rope's reading; the multimodal RoPE's sections, which text's positions make plain RoPE, dropped."""
@@ -134,22 +110,12 @@ class Qwen3_5(Family):
         return {}  # Qwen3.5 has no sliding window; its layer_types are read by attention_settings
 
     def attention_settings(self, hf: dict) -> dict:
-        """The linear layers (layer_types, or every fourth layer attention) and their sizes, the gate, the RoPE share."""
-        n_layers = hf["num_hidden_layers"]
-        types = hf.get("layer_types") or ["full_attention" if (i + 1) % hf.get("full_attention_interval", 4) == 0
-                                          else "linear_attention" for i in range(n_layers)]
-        unknown = sorted(set(types) - {"linear_attention", "full_attention"})
-        pattern = window_pattern_of([kind == "linear_attention" for kind in types])
-        if unknown or pattern is None or pattern == "all":
-            raise InteropError(f"layer_types={types} is not supported; this repo's linear layers are every other one "
-                               f"from the first (alternate) or N linear to one attention (N:1)")
-        key_dim, value_dim = (hf.get(key, 128) for key in ("linear_key_head_dim", "linear_value_head_dim"))
-        if key_dim != value_dim:
-            raise InteropError(f"linear_value_head_dim={value_dim} is not supported; this repo's linear heads have "
-                               f"one width, linear_key_head_dim={key_dim}")
-        return {"linear_pattern": pattern, "linear_key_heads": hf.get("linear_num_key_heads", 16),
-                "linear_value_heads": hf.get("linear_num_value_heads", 32), "linear_head_dim": key_dim,
-                "linear_conv": hf.get("linear_conv_kernel_dim", 4), "rotary_fraction": float(hf["partial_rotary_factor"])}
+        """The linear layers (layer_types, or every fourth layer attention) and their sizes, the RoPE share."""
+        linear = hybrid_settings(hf)
+        if not linear:
+            raise InteropError(f"layer_types={hf.get('layer_types')} is not supported for {self.name}: this repo "
+                               f"reads it as a hybrid, with linear_attention layers")
+        return linear | {"rotary_fraction": float(hf["partial_rotary_factor"])}
 
     # ------------------------------------------------------------ llama.cpp
 

@@ -1,31 +1,41 @@
-"""Qwen3-Next: Qwen3NextForCausalLM with every layer full attention (no Gated DeltaNet), for Qwen3-MoE's model with
-shared experts (moe_tiny): QK-norm, experts under the softmax router renormalised over the k chosen, and one shared
-SwiGLU of n_shared d_e (shared_expert_intermediate_size) beside them. Three things Qwen3-Next always computes that
-this repo's model does not are written so that they compute nothing:
+"""Qwen3-Next: Qwen3NextForCausalLM, Qwen3-MoE's model with shared experts (moe_tiny): QK-norm, experts under the
+softmax router renormalised over the k chosen, and one shared SwiGLU of n_shared d_e (shared_expert_intermediate_size)
+beside them; with every layer attention, or as the hybrid of Gated DeltaNet layers and gated attention layers that
+Qwen3-Next is (model.linear_pattern N:1 or alternate with model.attention_gate, as Qwen3.5's, qwen3_5.py, with
+experts). What Qwen3-Next always computes and this repo's model may not have is written so that it computes nothing:
 
     sigmoid-gated shared expert  y_shared = sigmoid(x W_sg) SwiGLU_shared(x), W_sg [1, d]: written 0, so the gate is
                                  sigmoid(0) = 1/2, and the shared expert's down_proj doubled
     gated attention output       o = (attn * sigmoid(x W_g)) W_o: q_proj [H 2D, d] holds each head's rows [W_q,h;
-                                 W_g,h]; W_g written 0 (1/2), o_proj doubled
+                                 W_g,h]; without model.attention_gate (all attention only) W_g written 0 (1/2), o_proj
+                                 doubled
     RMSNorm gains of (1 + w)     every norm (layers', final, q and k): w is written as our gain - 1
 
 A power of two scales exactly, so the gates and the doublings cancel bit for bit. A gain g comes back bit for bit
 where g >= 1/2 (g - 1 is then exact, by Sterbenz's lemma, and so is 1 + (g - 1)); below 1/2, g - 1 is rounded, by at
 most half a step of its binade (2^-24 in float32 for |g - 1| < 2), and 1 + (g - 1) is that close to g, in
-transformers' forward and in an import alike. An import refuses a gate that is not zero: this repo's model has none.
+transformers' forward and in an import alike. An import reads an all-attention Qwen3-Next as gate-less (refusing a
+gate that is not zero) and a hybrid as gated; this repo's shared experts have no gate, so a nonzero one is refused.
 
-    blocks.i.attn.qkv.weight   [(H+2H_kv)D, d]   self_attn.q_proj (each head [W_q,h; 0]), k_proj, v_proj
-    blocks.i.attn.out.weight   [d, H D]          self_attn.o_proj.weight = 2 W_o
+    blocks.i.attn.qkv.weight   [(H+2H_kv)D, d]   self_attn.q_proj (each head [W_q,h; W_g,h]), k_proj, v_proj
+    blocks.i.attn.out.weight   [d, H D]          self_attn.o_proj.weight (2 W_o without a gate)
     blocks.i.*norm*.weight     [d] or [D]        input_layernorm, post_attention_layernorm, self_attn.{q,k}_norm,
     final_norm.weight                            model.norm: weight = g - 1
     blocks.i.ffn.router, experts_in, experts_out  mlp.gate, mlp.experts.e.{gate,up,down}_proj (Qwen3-MoE's)
     blocks.i.ffn.shared.w_in   [2 n_s d_e, d]    mlp.shared_expert.{gate,up}_proj.weight
     blocks.i.ffn.shared.w_out  [d, n_s d_e]      mlp.shared_expert.down_proj.weight = 2 W2_shared
-    (none)                                       mlp.shared_expert_gate.weight [1, d] = 0, self_attn.q_proj's W_g = 0
+    (none)                                       mlp.shared_expert_gate.weight [1, d] = 0
+  a linear layer (model/gated_deltanet.py), under model.layers.i.linear_attn., as Qwen3.5's but for two fused
+  projections, grouped by key head g (each serving value heads g r .. g r + r - 1, r = H_v / H_k):
+    blocks.i.attn.qkv, gate    [(2 H_k + H_v) D, d], [H_v D, d]    in_proj_qkvz: for each g, [q_g; k_g; v_g's r heads;
+                                                                    z_g's r heads]
+    blocks.i.attn.beta_proj, decay_proj   [H_v, d] each             in_proj_ba: for each g, [b_g's r; a_g's r]
+    conv, A_log, dt_bias, norm, out                                 conv1d, A_log, dt_bias, norm, out_proj (Qwen3.5's)
 
-Its RoPE turns a quarter of each head unless partial_rotary_factor says otherwise (written 1: all of it, as ours);
-it has no sliding window. llama.cpp's qwen3next graph is not written: its loader makes three layers in four Gated
-DeltaNet whatever the file says.
+Its RoPE turns partial_rotary_factor of each head (model.rotary_fraction; its default 1/4); it has no sliding window.
+llama.cpp's qwen3next graph is not written: its loader makes three layers in four Gated DeltaNet whatever the file
+says, so an all-attention model has no GGUF for it, and its fused linear-layer tensors are not written here (a dense
+hybrid's GGUF is qwen35's, qwen3_5.py).
 """
 import torch
 
@@ -33,35 +43,82 @@ from interop import InteropError
 from interop.families.qwen3 import qk_norm_names
 from interop.families.qwen3_moe import Qwen3Moe
 from interop.layout import Names, dense_ffn_names
-from model.config import ModelConfig
+from model.config import ModelConfig, window_pattern_of
+from model.gated_deltanet import GatedDeltaNet
 from model.transformer import Transformer
 
 PARTIAL_ROTARY_FACTOR = 0.25  # Qwen3NextConfig's and Qwen3_5TextConfig's default: the share of each head RoPE turns
-FULL_ATTENTION_INTERVAL = 4  # its default layer_types: every 4th layer attention, the others Gated DeltaNet
+FULL_ATTENTION_INTERVAL = 4  # their default layer_types: every 4th layer attention, the others Gated DeltaNet
 GATE_SCALE = 2.0  # 1 / sigmoid(0): what the down projections after a zero gate are multiplied by
 
 
-def norm_names(cfg: ModelConfig) -> list[str]:
-    """Our RMSNorm gains, each of which Qwen3-Next stores as (gain - 1)."""
+def norm_names(state: dict[str, torch.Tensor], cfg: ModelConfig) -> list[str]:
+    """Our RMSNorm gains that Qwen3-Next and Qwen3.5 store as (gain - 1): every block's two, the final one and the
+    attention layers' q and k norms (a linear layer has none; its gated norm's gain is stored as it is)."""
     per_block = ["attn_norm.weight", "ffn_norm.weight", "attn.qk_norm.q_norm.weight", "attn.qk_norm.k_norm.weight"]
-    return ["final_norm.weight"] + [f"blocks.{i}.{name}" for i in range(cfg.n_layers) for name in per_block]
+    names = ["final_norm.weight"] + [f"blocks.{i}.{name}" for i in range(cfg.n_layers) for name in per_block]
+    return [name for name in names if name in state]
 
 
-def gated_rows(qkv: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
-    """qkv's rows [W_q; W_k; W_v] with a zero output gate after each query head's: [W_q,h; 0 for each h; W_k; W_v]."""
-    q, kv = qkv.split([cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim])
-    per_head = q.view(cfg.n_heads, cfg.head_dim, -1)
-    return torch.cat([torch.cat([per_head, torch.zeros_like(per_head)], dim=1).flatten(0, 1), kv])
+def attention_layers(model: Transformer) -> list[int]:
+    return [i for i, block in enumerate(model.blocks) if not isinstance(block.attn, GatedDeltaNet)]
 
 
-def ungated_rows(rows: torch.Tensor, cfg: ModelConfig, layer: int) -> torch.Tensor:
-    """gated_rows' inverse; refuses a gate that is not zero."""
-    q, kv = rows.split([2 * cfg.n_heads * cfg.head_dim, 2 * cfg.n_kv_heads * cfg.head_dim])
-    query, gate = q.view(cfg.n_heads, 2, cfg.head_dim, -1).unbind(1)
-    if gate.any():
-        raise InteropError(f"model.layers.{layer}.self_attn.q_proj.weight's output gate (each head's last head_dim "
-                           f"rows) is not zero: this repo's attention output has no gate")
-    return torch.cat([query.flatten(0, 1), kv])
+def linear_layers(model: Transformer) -> list[int]:
+    return [i for i, block in enumerate(model.blocks) if isinstance(block.attn, GatedDeltaNet)]
+
+
+def gated_rows(qkv: torch.Tensor, gate: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """qkv's rows [W_q; W_k; W_v] with each query head's output-gate rows after its own: [W_q,h; W_g,h for each h;
+    W_k; W_v], q_proj's layout then k_proj's and v_proj's."""
+    H, D = cfg.n_heads, cfg.head_dim
+    q, kv = qkv.split([H * D, 2 * cfg.n_kv_heads * D])
+    per_head = torch.stack([q.view(H, D, -1), gate.view(H, D, -1)], dim=1)  # [H, (q, gate), D, d]
+    return torch.cat([per_head.flatten(0, 2), kv])
+
+
+def ungated_rows(rows: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """gated_rows' inverse: (qkv's rows, the gate's)."""
+    H, D = cfg.n_heads, cfg.head_dim
+    q, kv = rows.split([2 * H * D, 2 * cfg.n_kv_heads * D])
+    query, gate = q.view(H, 2, D, -1).unbind(1)
+    return torch.cat([query.flatten(0, 1), kv]), gate.flatten(0, 1)
+
+
+def by_key_head(parts: list[torch.Tensor], key_heads: int) -> torch.Tensor:
+    """Rows of several tensors, each a whole number of rows per key head, regrouped by key head: for each key head,
+    each part's rows of it in turn (Qwen3-Next's in_proj_qkvz and in_proj_ba)."""
+    return torch.cat([part.view(key_heads, -1, part.shape[-1]) for part in parts], dim=1).flatten(0, 1)
+
+
+def from_key_heads(rows: torch.Tensor, widths: list[int], key_heads: int) -> list[torch.Tensor]:
+    """by_key_head's inverse: widths are each part's rows per key head."""
+    return [part.flatten(0, 1) for part in rows.view(key_heads, sum(widths), -1).split(widths, dim=1)]
+
+
+def linear_attention_names(attn: GatedDeltaNet, cfg: ModelConfig, ours: str, theirs: str,
+                           projections: list[tuple[str, str, int]]) -> Names:
+    """A Gated DeltaNet layer's names under model.layers.i.linear_attn.: the family's input projections (ours, its
+    name, rows), then the conv, the decay's A_log and dt_bias, the gated norm and the output projection, which
+    Qwen3-Next and Qwen3.5 name alike."""
+    theirs = theirs.removesuffix("self_attn.") + "linear_attn."
+    H_v = attn.value_heads
+    shared = [("conv.weight", "conv1d.weight", attn.qkv.out_features), ("A_log", "A_log", H_v),
+              ("dt_bias", "dt_bias", H_v), ("norm.weight", "norm.weight", attn.head_dim),
+              ("out.weight", "out_proj.weight", cfg.d_model)]
+    return {ours + name: [(theirs + hf_name, rows)] for name, hf_name, rows in projections + shared}
+
+
+def linear_keys(cfg: ModelConfig) -> dict:
+    """config.json's sizes of the linear layers."""
+    return {"linear_num_key_heads": cfg.n_linear_key_heads, "linear_num_value_heads": cfg.n_linear_value_heads,
+            "linear_key_head_dim": cfg.linear_dim, "linear_value_head_dim": cfg.linear_dim,
+            "linear_conv_kernel_dim": cfg.linear_conv}
+
+
+def hybrid_layer_types(cfg: ModelConfig) -> dict:
+    """config.json's layer_types: each layer linear_attention or full_attention."""
+    return {"layer_types": ["linear_attention" if linear else "full_attention" for linear in cfg.linear_layers]}
 
 
 def rotary_share(rope: dict | None) -> float | None:
@@ -79,34 +136,81 @@ def partial_rope(hf: dict, dropped: tuple[str, ...] = ("partial_rotary_factor",)
     return ropes | {"partial_rotary_factor": share}
 
 
+def hybrid_settings(hf: dict) -> dict:
+    """model.linear_pattern and the linear layers' sizes of a Qwen3-Next or Qwen3.5 config.json (read): its
+    layer_types, or every full_attention_interval-th layer attention; {} where every layer is attention. Patterns
+    this repo cannot make, and all linear layers (these families' attention layers always have their gate, QK-norm
+    and RoPE), are refused in one line."""
+    n_layers = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or ["full_attention" if (i + 1) % hf.get("full_attention_interval",
+                                                                          FULL_ATTENTION_INTERVAL) == 0
+                                      else "linear_attention" for i in range(n_layers)]
+    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+    linear = [kind == "linear_attention" for kind in types]
+    if not unknown and not any(linear):
+        return {}
+    pattern = window_pattern_of(linear)
+    if unknown or pattern is None or pattern == "all":
+        raise InteropError(f"layer_types={types} is not supported; this repo's linear layers are every other one "
+                           f"from the first (alternate) or N linear to one attention (N:1)")
+    key_dim, value_dim = (hf.get(key, 128) for key in ("linear_key_head_dim", "linear_value_head_dim"))
+    if key_dim != value_dim:
+        raise InteropError(f"linear_value_head_dim={value_dim} is not supported; this repo's linear heads have "
+                           f"one width, linear_key_head_dim={key_dim}")
+    return {"linear_pattern": pattern, "linear_key_heads": hf.get("linear_num_key_heads", 16),
+            "linear_value_heads": hf.get("linear_num_value_heads", 32), "linear_head_dim": key_dim,
+            "linear_conv": hf.get("linear_conv_kernel_dim", 4)}
+
+
 class Qwen3Next(Qwen3Moe):
     name, model_type, class_name = "Qwen3-Next", "qwen3_next", "Qwen3NextForCausalLM"
-    switches = {key: value for key, value in Qwen3Moe.switches.items() if key != "n_shared_experts"}
+    # Qwen3-MoE's switches with a shared expert of any width, linear layers in any pattern and RoPE on any share
+    switches = {key: value for key, value in Qwen3Moe.switches.items()
+                if key not in ("n_shared_experts", "linear_pattern", "attention_gate", "rotary_fraction")} | {
+        "linear_delta_rule": True}
     default_head_dim = 256
     every_layer_window = reads_windows = False
     llama_cpp = None
     no_llama_cpp = ("model.n_shared_experts with model.qk_norm=rmsnorm has no llama.cpp export here: its family, "
                     "Qwen3-Next, is llama.cpp's qwen3next graph, whose loader makes three layers in four Gated "
-                    "DeltaNet whatever the file says, where every layer here is attention (the transformers export "
-                    "writes Qwen3-Next)")
+                    "DeltaNet whatever the file says, and whose fused linear-layer tensors this repo does not write "
+                    "(the transformers export writes Qwen3-Next; a hybrid without experts exports to qwen35)")
 
     def claims(self, cfg: ModelConfig) -> bool:
-        return super().claims(cfg) and cfg.n_shared_experts > 0
+        return super().claims(cfg) and (cfg.n_shared_experts > 0 or cfg.linear_pattern is not None)
 
     def check(self, cfg: ModelConfig, target: str) -> None:
         super().check(cfg, target)
         if cfg.window is not None:
             raise InteropError(f"model.window={cfg.window} has no {target} {self.name} equivalent: its attention "
                                f"layers attend to every earlier position")
+        if cfg.n_shared_experts == 0:
+            raise InteropError(f"model.n_shared_experts=0 has no {target} {self.name} equivalent: its sparse blocks "
+                               f"always have a shared expert (shared_expert_intermediate_size)")
+        hybrid = cfg.linear_pattern is not None
+        if cfg.attention_gate != hybrid:
+            raise InteropError(f"model.attention_gate={cfg.attention_gate} with model.linear_pattern="
+                               f"{cfg.linear_pattern} has no {target} {self.name} equivalent here: an import reads "
+                               f"a hybrid's attention as gated and an all-attention model's as gate-less (its gates "
+                               f"zero), so the export writes those two")
 
     def head_keys(self, cfg: ModelConfig) -> dict:
-        return super().head_keys(cfg) | {"partial_rotary_factor": 1.0}
+        keys = super().head_keys(cfg) | {"partial_rotary_factor": cfg.rotary_fraction}
+        return keys | (linear_keys(cfg) if cfg.linear_pattern is not None else {})
 
     def expert_keys(self, cfg: ModelConfig) -> dict:
         return super().expert_keys(cfg) | {"shared_expert_intermediate_size": cfg.n_shared_experts * cfg.expert_width}
 
     def window_keys(self, cfg: ModelConfig) -> dict:
-        return {"layer_types": cfg.n_layers * ["full_attention"]}
+        return hybrid_layer_types(cfg)  # every layer full_attention where there is no linear one
+
+    def attention_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
+        if isinstance(attn, GatedDeltaNet):  # to_hf has fused gate into qkv and decay_proj into beta_proj
+            H_v, D = attn.value_heads, attn.head_dim
+            return linear_attention_names(attn, cfg, ours, theirs, [
+                ("qkv.weight", "in_proj_qkvz.weight", attn.qkv.out_features + H_v * D),
+                ("beta_proj.weight", "in_proj_ba.weight", 2 * H_v)])
+        return super().attention_names(attn, cfg, ours, theirs)
 
     def query_key_value_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
         rows = [2 * cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim]
@@ -125,11 +229,23 @@ class Qwen3Next(Qwen3Moe):
 
     def to_hf(self, state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
         cfg, out = model.cfg, super().to_hf(state, model)
-        for name in norm_names(cfg):
+        for name in norm_names(out, cfg):
             out[name] = out[name] - 1
-        for i in range(cfg.n_layers):
-            out[f"blocks.{i}.attn.qkv.weight"] = gated_rows(out[f"blocks.{i}.attn.qkv.weight"], cfg)
-            out[f"blocks.{i}.attn.out.weight"] = out[f"blocks.{i}.attn.out.weight"] * GATE_SCALE
+        for i in attention_layers(model):
+            ours = f"blocks.{i}.attn."
+            if cfg.attention_gate:
+                gate = out.pop(ours + "gate.weight")
+            else:  # a zero gate, 1/2 everywhere, undone by a doubled o_proj
+                gate = torch.zeros(cfg.n_heads * cfg.head_dim, cfg.d_model, dtype=out[ours + "qkv.weight"].dtype)
+                out[ours + "out.weight"] = out[ours + "out.weight"] * GATE_SCALE
+            out[ours + "qkv.weight"] = gated_rows(out[ours + "qkv.weight"], gate, cfg)
+        for i in linear_layers(model):
+            ours, H_k = f"blocks.{i}.attn.", cfg.n_linear_key_heads
+            q, k, v = out[ours + "qkv.weight"].split([H_k * cfg.linear_dim, H_k * cfg.linear_dim,
+                                                      cfg.n_linear_value_heads * cfg.linear_dim])
+            out[ours + "qkv.weight"] = by_key_head([q, k, v, out.pop(ours + "gate.weight")], H_k)
+            out[ours + "beta_proj.weight"] = by_key_head([out[ours + "beta_proj.weight"],
+                                                          out.pop(ours + "decay_proj.weight")], H_k)
         for i in model.moe_layers():
             out[f"blocks.{i}.ffn.shared.w_out.weight"] = out[f"blocks.{i}.ffn.shared.w_out.weight"] * GATE_SCALE
         return out
@@ -141,11 +257,26 @@ class Qwen3Next(Qwen3Moe):
             if hf_state[name].any():
                 raise InteropError(f"{name} is not zero: this repo's shared experts are not gated (a zero gate "
                                    f"weighs them by sigmoid(0) = 1/2, which the export's doubled down_proj undoes)")
-        for name in norm_names(cfg):
+        for name in norm_names(out, cfg):
             out[name] = out[name] + 1
-        for i in range(cfg.n_layers):
-            out[f"blocks.{i}.attn.qkv.weight"] = ungated_rows(out[f"blocks.{i}.attn.qkv.weight"], cfg, i)
-            out[f"blocks.{i}.attn.out.weight"] = out[f"blocks.{i}.attn.out.weight"] / GATE_SCALE
+        for i in attention_layers(model):
+            ours = f"blocks.{i}.attn."
+            out[ours + "qkv.weight"], gate = ungated_rows(out[ours + "qkv.weight"], cfg)
+            if cfg.attention_gate:
+                out[ours + "gate.weight"] = gate
+            elif gate.any():
+                raise InteropError(f"model.layers.{i}.self_attn.q_proj.weight's output gate (each head's last "
+                                   f"head_dim rows) is not zero: this repo reads an all-attention {self.name}'s "
+                                   f"attention as gate-less")
+            else:
+                out[ours + "out.weight"] = out[ours + "out.weight"] / GATE_SCALE
+        for i in linear_layers(model):
+            ours, H_k, D = f"blocks.{i}.attn.", cfg.n_linear_key_heads, cfg.linear_dim
+            r = cfg.n_linear_value_heads // H_k
+            q, k, v, out[ours + "gate.weight"] = from_key_heads(out[ours + "qkv.weight"], [D, D, r * D, r * D], H_k)
+            out[ours + "qkv.weight"] = torch.cat([q, k, v])
+            out[ours + "beta_proj.weight"], out[ours + "decay_proj.weight"] = from_key_heads(
+                out[ours + "beta_proj.weight"], [r, r], H_k)
         for i in model.moe_layers():
             out[f"blocks.{i}.ffn.shared.w_out.weight"] = out[f"blocks.{i}.ffn.shared.w_out.weight"] / GATE_SCALE
         return out
@@ -153,11 +284,13 @@ class Qwen3Next(Qwen3Moe):
     def read(self, hf: dict) -> dict:
         return super().read(hf) | partial_rope(hf)
 
-    def model_config(self, hf: dict) -> ModelConfig:
-        if hf["partial_rotary_factor"] != 1.0:
-            raise InteropError(f"partial_rotary_factor={hf['partial_rotary_factor']} is not supported; this repo's "
-                               f"RoPE turns every dim of a head (partial_rotary_factor=1.0)")
-        return super().model_config(hf)
+    def window_settings(self, hf: dict, n_layers: int, context: int) -> dict:
+        return {}  # Qwen3-Next has no sliding window; its layer_types are read by attention_settings
+
+    def attention_settings(self, hf: dict) -> dict:
+        """The linear layers, if any (a hybrid's attention then gated), and the RoPE share."""
+        linear = hybrid_settings(hf)
+        return linear | {"attention_gate": bool(linear), "rotary_fraction": float(hf["partial_rotary_factor"])}
 
     def expert_settings(self, hf: dict) -> dict:
         values = super().expert_settings(hf)
