@@ -1,0 +1,63 @@
+"""scripts/recall_study.py: the study's lines trained on MQAR itself, each run's result written when it ends and kept
+by a rerun; its budget in steps or (a fake clock here) seconds; bad input one line, before any run."""
+import json
+import math
+
+import pytest
+
+from scripts import recall_study
+
+TINY = ["--", "model.d_model=32", "model.n_heads=2", "model.context_length=32", "train.batch_size=8"]
+
+
+def study(out, *flags) -> list[str]:
+    return ["--out", str(out), "--vocab", "32", "--pairs", "2", "4", "--sequences", "8", "--threads", "1", *flags]
+
+
+def test_each_run_is_trained_on_the_task_and_kept_by_a_rerun(tmp_path, capsys):
+    args = study(tmp_path, "--variants", "baseline", "gdn_hybrid", "--seeds", "1", "--steps", "40",
+                 "--json", str(tmp_path / "recall.json"), *TINY)
+    assert recall_study.main(args) == 0
+    out = capsys.readouterr().out
+    assert out.count("training") == 2
+    table = out.splitlines()[-4:]
+    assert table[0] == "| line | lr | steps | 2 pairs | 4 pairs |"
+    assert [row.split(" | ")[:3] for row in table[2:]] == [["| baseline", "0.004", "40"], ["| gdn_hybrid", "0.016", "40"]]
+    written = json.loads((tmp_path / "recall.json").read_text())
+    assert [(run["variant"], run["seed"], run["steps"]) for run in written["runs"]] == [
+        ("baseline", 0, 40), ("gdn_hybrid", 0, 40)]
+    assert all(0 <= accuracy <= 1 for run in written["runs"] for accuracy in run["accuracy"].values())
+    assert all(0 < run["last_loss"] < 2 * math.log(32) for run in written["runs"])  # ln 32 = 3.47 at the start
+    result = tmp_path / "baseline" / "seed0" / "result.json"
+    before = result.read_text()
+
+    assert recall_study.main(args) == 0  # nothing left to train: the results as they were
+    assert "training" not in capsys.readouterr().out and result.read_text() == before
+    # a seed is one run: the same batches, the same held-out sequences, the same numbers in another study
+    assert recall_study.main(study(tmp_path / "again", "--variants", "baseline", "--seeds", "1", "--steps", "40",
+                                   *TINY)) == 0
+    again = json.loads((tmp_path / "again" / "baseline" / "seed0" / "result.json").read_text())
+    assert {key: again[key] for key in ("accuracy", "last_loss")} == {
+        key: written["runs"][0][key] for key in ("accuracy", "last_loss")}
+
+
+def test_a_budget_in_seconds_ends_the_run_at_that_much_training_time(tmp_path, monkeypatch, capsys):
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(recall_study.time, "perf_counter", lambda: float(next(ticks)))  # each step takes 1 s
+    assert recall_study.main(study(tmp_path, "--variants", "baseline", "--seeds", "1", "--seconds", "5", *TINY)) == 0
+    result = json.loads((tmp_path / "baseline" / "seed0" / "result.json").read_text())
+    assert (result["steps"], result["trained_s"]) == (5, 5.0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "2", "--pairs", "20"], "--pairs 20 with --vocab 32: each at least 1, and 2 x the largest distinct "
+                                        "tokens at most the vocabulary"),
+    (["--steps", "2", "--pairs", "9", "--vocab", "64"], "--pairs 9: its sequences of 36 tokens are longer than a "
+                                                        "model's context, 32"),
+    (["--steps", "0"], "--steps=0 must be > 0"),
+    (["--steps", "2", "--variants", "nosuch"], "In 'experiment/ablation': Could not find 'ablation/nosuch'")])
+def test_bad_input_is_one_line_before_any_run(tmp_path, capsys, flags, message):
+    assert recall_study.main(study(tmp_path, *flags, *TINY)) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"error: {message}") and len(captured.err.splitlines()) == 1
+    assert "training" not in captured.out and not any(tmp_path.iterdir())
