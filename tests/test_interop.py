@@ -781,12 +781,33 @@ def hybrid_cfg(**settings):
 # those casts taken out of transformers (its norms' and kernels' code run in float64, Tensor.float made the identity:
 # an experiment, not this test) 3.6e-15 apart, so the mapping itself is exact. Bound: 2^-15 of the largest logit
 # (3.1e-5 of it) in both dtypes; a dropped or swapped weight moves logits of std > 1 by O(1).
-def test_the_hybrid_exports_to_qwen3_5_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
-                                                                                 capsys):
-    model = far_from_init(Transformer(hybrid_cfg()))
-    with torch.no_grad():  # gates that fade slowly: the state carries the prompt's start to its end
+def hybrid_far_from_init(cfg) -> Transformer:
+    """far_from_init's model with gates that fade slowly: the state carries the prompt's start to its end."""
+    model = far_from_init(Transformer(cfg))
+    with torch.no_grad():
         for block in model.blocks[:3]:
             block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 4).log())
+    return model
+
+
+def reloaded_hybrid(hf_dir: Path, model: Transformer) -> Transformer:
+    """The export in hf_dir loaded back: every weight equal but the (1 + w) gains below 1/2, within 2^-24 (their
+    g - 1 rounded), and so its logits within the test's bound of ours."""
+    reloaded, _ = load_model(hf_dir)
+    state, back = model.state_dict(), reloaded.state_dict()
+    gains = {name for name in state if name.endswith("norm.weight") and ".attn.norm." not in name}
+    assert all(torch.equal(back[name], state[name]) for name in state.keys() - gains)
+    assert max((back[name] - state[name]).abs().max() for name in gains) <= 2 ** -24
+    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():  # the same ops in the same order; only gains below 1/2 differ, by at most 2^-24
+        expected = model(tokens)
+        assert (reloaded(tokens) - expected).abs().max() <= 2 ** -15 * expected.abs().max()
+    return reloaded
+
+
+def test_the_hybrid_exports_to_qwen3_5_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
+                                                                                 capsys):
+    model = hybrid_far_from_init(hybrid_cfg())
     save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
@@ -799,17 +820,9 @@ def test_the_hybrid_exports_to_qwen3_5_with_equal_logits_and_greedy_text_and_bac
                        state["blocks.3.attn.gate.weight"].view(4, 8, 32))  # each head's rows [W_q,h; W_g,h]
     assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, 2 ** -15, 2 ** -15)
 
-    reloaded, _ = load_model(tmp_path / "hf")
+    reloaded = reloaded_hybrid(tmp_path / "hf", model)
     assert (reloaded.cfg.linear_pattern, reloaded.cfg.n_linear_value_heads, reloaded.cfg.rotary_fraction,
             reloaded.cfg.attention_gate) == ("3:1", 4, 0.25, True)
-    back = reloaded.state_dict()
-    gains = {name for name in state if name.endswith("norm.weight") and ".attn.norm." not in name}
-    assert all(torch.equal(back[name], state[name]) for name in state.keys() - gains)
-    assert max((back[name] - state[name]).abs().max() for name in gains) <= 2 ** -24
-    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():  # the same ops in the same order; only gains below 1/2 differ, by at most 2^-24
-        expected = model(tokens)
-        assert (reloaded(tokens) - expected).abs().max() <= 2 ** -15 * expected.abs().max()
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -849,10 +862,7 @@ def hybrid_moe_cfg(**settings):
 # not the mapping; a weight put in another key head's group moves logits of std > 1 by O(1).
 def test_the_hybrid_with_experts_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_back(
         tmp_path, tokenizer_file, tok, capsys):
-    model = far_from_init(Transformer(hybrid_moe_cfg()))
-    with torch.no_grad():  # gates that fade slowly: the state carries the prompt's start to its end
-        for block in model.blocks[:3]:
-            block.attn.A_log.copy_(torch.linspace(0.02, 0.5, 4).log())
+    model = hybrid_far_from_init(hybrid_moe_cfg())
     save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
     theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
@@ -871,17 +881,9 @@ def test_the_hybrid_with_experts_exports_to_qwen3_next_with_equal_logits_and_gre
     assert torch.equal(written["model.layers.3.self_attn.o_proj.weight"], state["blocks.3.attn.out.weight"])
     assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, 2 ** -15, 2 ** -15)
 
-    reloaded, _ = load_model(tmp_path / "hf")
+    reloaded = reloaded_hybrid(tmp_path / "hf", model)
     assert (reloaded.cfg.linear_pattern, reloaded.cfg.attention_gate, reloaded.cfg.rotary_fraction,
             reloaded.cfg.n_shared_experts, reloaded.cfg.dense_layers) == ("3:1", True, 0.25, 1, 1)
-    back = reloaded.state_dict()
-    gains = {name for name in state if name.endswith("norm.weight") and ".attn.norm." not in name}
-    assert all(torch.equal(back[name], state[name]) for name in state.keys() - gains)
-    assert max((back[name] - state[name]).abs().max() for name in gains) <= 2 ** -24
-    tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
-    with torch.no_grad():  # the same ops in the same order; only gains below 1/2 differ, by at most 2^-24
-        expected = model(tokens)
-        assert (reloaded(tokens) - expected).abs().max() <= 2 ** -15 * expected.abs().max()
 
 
 @pytest.mark.parametrize("cfg, message", [
