@@ -82,6 +82,16 @@ def assert_same_model(ours: Transformer, ckpt: Path, theirs: PreTrainedModel, to
     assert capsys.readouterr().out == tok.decode(prompt + new) + "\n"
 
 
+def exported(model: Transformer, tmp_path: Path, tokenizer_file, class_name: str) -> PreTrainedModel:
+    """model saved as a checkpoint, exported to tmp_path / "hf" and loaded by transformers as class_name (its eager
+    loop over experts: its grouped_mm, the CPU default, has no float64 kernel)."""
+    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
+    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
+    assert type(theirs).__name__ == class_name
+    return theirs
+
+
 # --- export: this repo -> transformers ---------------------------------------------------------
 
 @pytest.mark.parametrize("tie, qk_norm", [(True, "none"), (False, "none"), (True, "rmsnorm")])
@@ -431,10 +441,8 @@ def test_a_windowed_model_exports_with_equal_logits_past_the_window_and_back(tmp
     switches, class_name = WINDOWED[family]
     # seed 1: under seed 0 the dense gpt-oss model's greedy text reaches EOS after 2 tokens, too short to compare
     model = far_from_init(Transformer(llama_cfg(**switches)), seed=1)
-    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
-    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
-    assert type(theirs).__name__ == class_name and theirs.config.sliding_window == 8
+    theirs = exported(model, tmp_path, tokenizer_file, class_name)
+    assert theirs.config.sliding_window == 8
     if family in ("ministral", "qwen3", "gpt_oss", "gpt_oss_moe"):
         assert theirs.config.layer_types == ["sliding_attention", "full_attention"]
     assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys,
@@ -541,11 +549,7 @@ def test_moe_exports_to_its_family_with_equal_logits_and_greedy_text_and_back(tm
     with torch.no_grad():  # a bias that moves choices: DeepseekV3's e_score_correction_bias must carry it
         for moe in model.moe_layers().values():
             moe.bias.copy_(torch.tensor([0.4, -0.3, 0.2, -0.1]) if family == "deepseek_v3" else torch.zeros(4))
-    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
-    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
-    # transformers' eager loop over the experts: its grouped_mm, the CPU default, has no float64 kernel
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
-    assert type(theirs).__name__ == class_name
+    theirs = exported(model, tmp_path, tokenizer_file, class_name)
     assert_same_model(model, tmp_path / "ckpt", theirs, tok, capsys, MOE_FLOAT64_STEPS)
     reloaded, _ = load_model(tmp_path / "hf")
     tokens = torch.randint(VOCAB, (1, 64), generator=torch.Generator().manual_seed(2))
@@ -641,10 +645,7 @@ def test_moe_tiny_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_ba
     """QK-norm, the softmax router and a shared expert: Qwen3-Next with every layer attention, its output gate and
     its shared expert's gate zero (1/2, undone by doubled down projections), its (1 + w) norms storing g - 1."""
     model = far_from_init(Transformer(moe_tiny_cfg(dense_layers=dense_layers)))
-    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
-    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
-    assert type(theirs).__name__ == "Qwen3NextForCausalLM"
+    theirs = exported(model, tmp_path, tokenizer_file, "Qwen3NextForCausalLM")
     config = theirs.config
     assert (config.layer_types, config.rope_parameters["partial_rotary_factor"], config.mlp_only_layers,
             config.shared_expert_intermediate_size) == (["full_attention"] * 2, 1.0, list(range(dense_layers)), 12)
@@ -808,10 +809,7 @@ def reloaded_hybrid(hf_dir: Path, model: Transformer) -> Transformer:
 def test_the_hybrid_exports_to_qwen3_5_with_equal_logits_and_greedy_text_and_back(tmp_path, tokenizer_file, tok,
                                                                                  capsys):
     model = hybrid_far_from_init(hybrid_cfg())
-    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
-    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    assert type(theirs).__name__ == "Qwen3_5ForCausalLM"
+    theirs = exported(model, tmp_path, tokenizer_file, "Qwen3_5ForCausalLM")
     assert (theirs.config.layer_types, theirs.config.rope_parameters["partial_rotary_factor"]) == (
         3 * ["linear_attention"] + ["full_attention"], 0.25)
     written, state = load_file(tmp_path / "hf" / "model.safetensors"), model.state_dict()
@@ -863,10 +861,7 @@ def hybrid_moe_cfg(**settings):
 def test_the_hybrid_with_experts_exports_to_qwen3_next_with_equal_logits_and_greedy_text_and_back(
         tmp_path, tokenizer_file, tok, capsys):
     model = hybrid_far_from_init(hybrid_moe_cfg())
-    save_checkpoint(tmp_path / "ckpt", model, tokenizer_file)
-    assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 0
-    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", experts_implementation="eager").eval()
-    assert type(theirs).__name__ == "Qwen3NextForCausalLM"
+    theirs = exported(model, tmp_path, tokenizer_file, "Qwen3NextForCausalLM")
     config = theirs.config
     assert (config.layer_types, config.rope_parameters["partial_rotary_factor"], config.mlp_only_layers,
             config.linear_num_value_heads) == (3 * ["linear_attention"] + ["full_attention"], 0.25, [0], 4)
