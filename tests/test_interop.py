@@ -869,8 +869,9 @@ def test_the_hybrid_with_experts_exports_to_qwen3_next_with_equal_logits_and_gre
     # key head 1's group in in_proj_qkvz: its q (8 rows), its k (8), value heads 2 and 3 (16), their z (16)
     qkv, group = state["blocks.1.attn.qkv.weight"], written["model.layers.1.linear_attn.in_proj_qkvz.weight"][48:]
     assert torch.equal(group, torch.cat([qkv[8:16], qkv[24:32], qkv[48:64], state["blocks.1.attn.gate.weight"][16:]]))
-    assert torch.equal(written["model.layers.1.linear_attn.in_proj_ba.weight"][4:],  # [b_2, b_3, a_2, a_3]
-                       torch.cat([state["blocks.1.attn.beta_proj.weight"][2:], state["blocks.1.attn.decay_proj.weight"][2:]]))
+    b, a = state["blocks.1.attn.beta_proj.weight"], state["blocks.1.attn.decay_proj.weight"]
+    # key head 1's group in in_proj_ba: b_2, b_3, then a_2, a_3
+    assert torch.equal(written["model.layers.1.linear_attn.in_proj_ba.weight"][4:], torch.cat([b[2:], a[2:]]))
     assert torch.equal(written["model.layers.3.self_attn.q_proj.weight"].view(4, 2, 8, 32)[:, 1],
                        state["blocks.3.attn.gate.weight"].view(4, 8, 32))  # the gate itself, o_proj as it is
     assert torch.equal(written["model.layers.3.self_attn.o_proj.weight"], state["blocks.3.attn.out.weight"])

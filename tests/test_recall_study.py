@@ -15,17 +15,18 @@ def study(out, *flags) -> list[str]:
 
 
 def test_each_run_is_trained_on_the_task_and_kept_by_a_rerun(tmp_path, capsys):
-    args = study(tmp_path, "--variants", "baseline", "gdn_hybrid", "--seeds", "1", "--steps", "40",
+    args = study(tmp_path, "--variants", "baseline", "gdn_hybrid", "--seeds", "1", "--steps", "12",
                  "--json", str(tmp_path / "recall.json"), *TINY)
     assert recall_study.main(args) == 0
     out = capsys.readouterr().out
     assert out.count("training") == 2
     table = out.splitlines()[-4:]
     assert table[0] == "| line | lr | steps | 2 pairs | 4 pairs |"
-    assert [row.split(" | ")[:3] for row in table[2:]] == [["| baseline", "0.004", "40"], ["| gdn_hybrid", "0.016", "40"]]
+    assert [row.split(" | ")[:3] for row in table[2:]] == [
+        ["| baseline", "0.004", "12"], ["| gdn_hybrid", "0.016", "12"]]
     written = json.loads((tmp_path / "recall.json").read_text())
     assert [(run["variant"], run["seed"], run["steps"]) for run in written["runs"]] == [
-        ("baseline", 0, 40), ("gdn_hybrid", 0, 40)]
+        ("baseline", 0, 12), ("gdn_hybrid", 0, 12)]
     assert all(0 <= accuracy <= 1 for run in written["runs"] for accuracy in run["accuracy"].values())
     assert all(0 < run["last_loss"] < 2 * math.log(32) for run in written["runs"])  # ln 32 = 3.47 at the start
     result = tmp_path / "baseline" / "seed0" / "result.json"
@@ -34,7 +35,7 @@ def test_each_run_is_trained_on_the_task_and_kept_by_a_rerun(tmp_path, capsys):
     assert recall_study.main(args) == 0  # nothing left to train: the results as they were
     assert "training" not in capsys.readouterr().out and result.read_text() == before
     # a seed is one run: the same batches, the same held-out sequences, the same numbers in another study
-    assert recall_study.main(study(tmp_path / "again", "--variants", "baseline", "--seeds", "1", "--steps", "40",
+    assert recall_study.main(study(tmp_path / "again", "--variants", "baseline", "--seeds", "1", "--steps", "12",
                                    *TINY)) == 0
     again = json.loads((tmp_path / "again" / "baseline" / "seed0" / "result.json").read_text())
     assert {key: again[key] for key in ("accuracy", "last_loss")} == {
