@@ -14,12 +14,16 @@ import tempfile
 import time
 import traceback
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 from omegaconf import OmegaConf
 
 from settings import compose_config
+from study import launch
+from training.multirun import die_with_parent
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny threads-free runs: a 20 k-parameter model gains nothing from a thread pool on shared cores.
@@ -222,3 +226,21 @@ def train_in_process(run_dir: Path, overrides: list[str], monkeypatch) -> int:
             signal.signal(signum, handler)
         logging.root.handlers[:] = root_handlers
         logging.root.setLevel(root_level)
+
+
+def multirun_in_a_fork(command: list[str], output, cwd: Path = ROOT) -> "ForkedScript":
+    """study/launch.start_multirun's process as a fork of this one that runs train.py as __main__ (start_script), in
+    its own session and dying with its parent as Popen's is: the same multirun, without the ~4 s a new interpreter
+    spends importing torch at each stage. The tests of a study killed outright keep the real interpreter."""
+    python, script, *args = command
+    assert python == sys.executable and Path(cwd) == ROOT  # start_script runs in ROOT
+    return start_script(Path(script), *args, new_session=True, preexec_fn=die_with_parent, output=output)
+
+
+@contextmanager
+def stages_in_forks():
+    """Every stage study/launch.start_multirun starts from here on, in this process or a fork of it (run_script),
+    is multirun_in_a_fork's."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(launch, "start_multirun", multirun_in_a_fork)
+        yield

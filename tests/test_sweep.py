@@ -7,9 +7,7 @@ import json
 import math
 import os
 import signal
-import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,11 +15,10 @@ from matplotlib.image import imread
 
 import compare
 import sweep
-from data_helpers import ROOT, ForkedScript, run_script, start_script, write_corpus
-from study import launch
+from data_helpers import ROOT, run_script, stages_in_forks, start_script, write_corpus
 from study.launch import check_overrides
 from study.lr_study import Point
-from training.multirun import RECORDS, die_with_parent
+from training.multirun import RECORDS
 from training.run_lock import dir_lock, lock_holder
 
 LRS = (3e-3, 3e-2)
@@ -35,22 +32,6 @@ def tiny_study(root: Path) -> list[str]:
             "model.context_length=32", "train.batch_size=8", "train.micro_batch_size=8", "train.max_steps=6",
             "train.time_budget=null", "train.eval_interval=3", "train.eval_tokens=512", "wandb.mode=disabled",
             f"latest_link={root / 'latest'}"]
-
-
-def multirun_in_a_fork(command: list[str], output) -> ForkedScript:
-    """launch.start_multirun's process as a fork of this one that runs train.py as __main__ (start_script), in its
-    own session and dying with its parent as Popen's is: the same multirun, without the ~4 s a new interpreter
-    spends importing torch at each stage. The tests of a study killed outright keep the real interpreter."""
-    python, script, *args = command
-    assert python == sys.executable
-    return start_script(Path(script), *args, new_session=True, preexec_fn=die_with_parent, output=output)
-
-
-@contextmanager
-def stages_in_forks():
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(launch, "start_multirun", multirun_in_a_fork)
-        yield
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from data_helpers import ROOT, run_script, summary, write_corpus
+from data_helpers import ROOT, run_script, stages_in_forks, summary, write_corpus
 from errors import UsageError
 from scripts import time_to_loss
 
@@ -30,7 +30,9 @@ def test_each_budget_trains_once_a_rerun_keeps_it_and_a_failed_preset_is_named(w
     args = ["--text", str(corpus), "--out", str(workdir / "ttl"), "--presets", "llama_tiny", "no_such_preset",
             "--budgets", "500", "--equal-time", "900", "--seeds", "1", "--vocab-size", "300", "--target", "20", "--",
             *tiny]
-    first = run_script(SCRIPT, *args)
+    with stages_in_forks():  # each run a fork of this process, not a new interpreter
+        first = run_script(SCRIPT, *args)
+        again = run_script(SCRIPT, *args)
     assert first.returncode == 1
     bad = [workdir / "ttl" / "no_such_preset" / budget / "seed0" for budget in ("b500", "b900")]
     assert first.stderr.splitlines()[-1] == f"error: 2 runs ended without a result: {bad[0]}, {bad[1]}"
@@ -43,7 +45,6 @@ def test_each_budget_trains_once_a_rerun_keeps_it_and_a_failed_preset_is_named(w
     # 20 bits: above the first run's end already, which trained for its elapsed_s
     assert ours["not_straddled"] == [f"<= {runs[500]['elapsed_s']:.1f}"]
     assert f"| llama_tiny | <= {runs[500]['elapsed_s']:.1f} | - | " in first.stdout
-    again = run_script(SCRIPT, *args)
     assert again.returncode == 1
     assert "llama_tiny, 500 s" not in again.stdout and "no_such_preset, 500 s, seed 0" in again.stdout
 
