@@ -2,8 +2,11 @@
 data/recall.py; Zoology's protocol, Arora et al. 2023), each for the same seconds, then their accuracy at 4 to 32
 pairs: where a fixed-size state and a cache that keeps every position part ways (Jelassi et al. 2024).
 
-    python scripts/recall_study.py --out multirun/recall --variants baseline gdn_hybrid gdn_all --seconds 150 \
-        --seeds 3 --json docs/recall_trained.json -- train.batch_size=32
+    python scripts/recall_study.py --out multirun/recall --variants baseline gdn_hybrid gdn_all --seconds 120 \
+        --seeds 3 -- model.d_model=64 model.n_heads=4 train.batch_size=64
+    python scripts/recall_study.py --out multirun/recall_long --variants baseline --steps 3000 --seeds 3 \
+        --json docs/recall_trained.json -- model.d_model=64 model.n_heads=4 train.batch_size=64 train.lr=0.003 \
+        train.min_lr=0.003
 
 Each run is a line's model and optimizer as the ablation has them (`+experiment=ablation ablation=<variant>` and the
 overrides after --, its own peak learning rate and schedule) with a vocabulary of --vocab tokens, trained on batches

@@ -41,9 +41,8 @@ import torch
 
 from interop import InteropError
 from interop.families.base import LLAMA_SWITCHES, Family, LlamaCppArch
-from interop.families.qwen3 import qk_norm_names
-from interop.families.qwen3_next import attention_layers, gated_rows, hybrid_layer_types, hybrid_settings, \
-    linear_attention_names, linear_keys, norm_names, partial_rope, ungated_rows
+from interop.families.qwen3_next import attention_layers, gated_query_key_value_names, gated_rows, hybrid_layer_types, \
+    hybrid_settings, linear_attention_names, linear_keys, norm_names, partial_rope, ungated_rows
 from interop.layout import Names
 from model.config import ModelConfig
 from model.gated_deltanet import L2_EPS, GatedDeltaNet
@@ -74,14 +73,14 @@ class Qwen3_5(Family):
 
     def attention_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
         if not isinstance(attn, GatedDeltaNet):
-            H, H_kv, D = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-            return {ours + "qkv.weight": [(theirs + "q_proj.weight", 2 * H * D), (theirs + "k_proj.weight", H_kv * D),
-                                          (theirs + "v_proj.weight", H_kv * D)],
-                    ours + "out.weight": [(theirs + "o_proj.weight", cfg.d_model)]} | qk_norm_names(cfg, ours, theirs)
+            return super().attention_names(attn, cfg, ours, theirs)
         H_v, D = attn.value_heads, attn.head_dim
         return linear_attention_names(attn, cfg, ours, theirs, [
             ("qkv.weight", "in_proj_qkv.weight", attn.qkv.out_features), ("decay_proj.weight", "in_proj_a.weight", H_v),
             ("beta_proj.weight", "in_proj_b.weight", H_v), ("gate.weight", "in_proj_z.weight", H_v * D)])
+
+    def query_key_value_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
+        return gated_query_key_value_names(cfg, ours, theirs)
 
     def to_hf(self, state: dict[str, torch.Tensor], model: Transformer) -> dict[str, torch.Tensor]:
         cfg, out = model.cfg, dict(state)

@@ -85,6 +85,14 @@ def ungated_rows(rows: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, to
     return torch.cat([query.flatten(0, 1), kv]), gate.flatten(0, 1)
 
 
+def gated_query_key_value_names(cfg: ModelConfig, ours: str, theirs: str) -> Names:
+    """An attention layer's q_proj (each head's query rows, then its gate's: gated_rows), k_proj and v_proj, and its
+    q and k norms: Qwen3-Next's and Qwen3.5's."""
+    rows = [2 * cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim]
+    return {ours + "qkv.weight": [(theirs + f"{x}_proj.weight", n) for x, n in zip("qkv", rows, strict=True)]} \
+        | qk_norm_names(cfg, ours, theirs)
+
+
 def by_key_head(parts: list[torch.Tensor], key_heads: int) -> torch.Tensor:
     """Rows of several tensors, each a whole number of rows per key head, regrouped by key head: for each key head,
     each part's rows of it in turn (Qwen3-Next's in_proj_qkvz and in_proj_ba)."""
@@ -213,9 +221,7 @@ class Qwen3Next(Qwen3Moe):
         return super().attention_names(attn, cfg, ours, theirs)
 
     def query_key_value_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
-        rows = [2 * cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim]
-        return {ours + "qkv.weight": [(theirs + f"{x}_proj.weight", n) for x, n in zip("qkv", rows, strict=True)]} \
-            | qk_norm_names(cfg, ours, theirs)
+        return gated_query_key_value_names(cfg, ours, theirs)
 
     def ffn_names(self, ffn: torch.nn.Module, sparse: bool, cfg: ModelConfig, ours: str, theirs: str) -> Names:
         names = super().ffn_names(ffn, sparse, cfg, ours, theirs)
