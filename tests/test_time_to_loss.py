@@ -32,21 +32,21 @@ def test_each_budget_trains_once_a_rerun_keeps_it_and_a_failed_preset_is_named(w
             *tiny]
     with stages_in_forks():  # each run a fork of this process, not a new interpreter
         first = run_script(SCRIPT, *args)
+        assert first.returncode == 1
+        bad = [workdir / "ttl" / "no_such_preset" / budget / "seed0" for budget in ("b500", "b900")]
+        assert first.stderr.splitlines()[-1] == f"error: 2 runs ended without a result: {bad[0]}, {bad[1]}"
+        results = json.loads((workdir / "ttl" / "time_to_loss.json").read_text())
+        ours = results["presets"]["llama_tiny"]
+        runs = {b: summary(workdir / "ttl" / "llama_tiny" / f"b{b}" / "seed0") for b in (500, 900)}
+        assert ours["runs_by_budget"] == {f"{b}": {"0": {key: runs[b][key] for key in (
+            "elapsed_s", "val_bpb", "steps", "tokens_per_s")}} for b in (500, 900)}
+        assert ours["equal_time_bits"] == [runs[900]["val_bpb"]] and runs[500]["steps"] == 3
+        # 20 bits: above the first run's end already, which trained for its elapsed_s
+        assert ours["not_straddled"] == [f"<= {runs[500]['elapsed_s']:.1f}"]
+        assert f"| llama_tiny | <= {runs[500]['elapsed_s']:.1f} | - | " in first.stdout
         again = run_script(SCRIPT, *args)
-    assert first.returncode == 1
-    bad = [workdir / "ttl" / "no_such_preset" / budget / "seed0" for budget in ("b500", "b900")]
-    assert first.stderr.splitlines()[-1] == f"error: 2 runs ended without a result: {bad[0]}, {bad[1]}"
-    results = json.loads((workdir / "ttl" / "time_to_loss.json").read_text())
-    ours = results["presets"]["llama_tiny"]
-    runs = {b: summary(workdir / "ttl" / "llama_tiny" / f"b{b}" / "seed0") for b in (500, 900)}
-    assert ours["runs_by_budget"] == {f"{b}": {"0": {key: runs[b][key] for key in (
-        "elapsed_s", "val_bpb", "steps", "tokens_per_s")}} for b in (500, 900)}
-    assert ours["equal_time_bits"] == [runs[900]["val_bpb"]] and runs[500]["steps"] == 3
-    # 20 bits: above the first run's end already, which trained for its elapsed_s
-    assert ours["not_straddled"] == [f"<= {runs[500]['elapsed_s']:.1f}"]
-    assert f"| llama_tiny | <= {runs[500]['elapsed_s']:.1f} | - | " in first.stdout
-    assert again.returncode == 1
-    assert "llama_tiny, 500 s" not in again.stdout and "no_such_preset, 500 s, seed 0" in again.stdout
+        assert again.returncode == 1
+        assert "llama_tiny, 500 s" not in again.stdout and "no_such_preset, 500 s, seed 0" in again.stdout
 
 
 def test_nanogpts_time_is_its_loop_and_its_loss_in_bits(tmp_path):
