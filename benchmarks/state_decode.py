@@ -5,14 +5,15 @@ earlier position, so a step costs more the longer the context; a fixed state cos
     python -m benchmarks.state_decode                    # contexts 256, 1,024, 4,096 and 16,384, 3 timed rounds
     python -m benchmarks.state_decode --contexts 256 1024 --repeats 5 --json out.json
 
-For each context N each model prefills N random tokens once, then decodes `--steps` tokens per round, the models in
-turn (A B C, C B A, ...), each round going on from where the last one ended after one untimed step (which brings the
-model's weights back into the CPU's caches, whatever the model before it left there: a 16k KV cache is larger than
-them); a round's per-token time is its seconds over its steps. Before the first context every model runs untimed rounds at it (the process's own warm-up:
-its first rounds were twice as slow as later ones). Growth: the median per-token time at the longest context less
-that at the shortest, and each model's over llama_tiny's; the all-linear's is to be read against its own spread
-(max - min of its rounds).
-Models: llama_tiny, qwen35_tiny (the 3:1 hybrid) and qwen35_tiny with every layer linear, random weights, fp32.
+Each model prefills N random tokens at each context N once, then every (model, context) pair decodes `--steps`
+tokens per round, in turn (forwards, then backwards the next round), each round going on from where its last one
+ended after one untimed step (which brings the model's weights back into the CPU's caches, whatever the pair before
+it left there: a 16k KV cache is larger than them); a round's per-token time is its seconds over its steps. Every
+pair runs WARM_UP_ROUNDS untimed rounds first. Growth: the median over rounds of a round's per-token time at the
+longest context less that at the shortest (the two timed seconds apart, not minutes: the machine's drift cancels),
+with its range over the rounds, and each model's over llama_tiny's; the all-linear's is to be read against its range.
+Models: llama_tiny, llama_tiny of one layer, qwen35_tiny (the 3:1 hybrid) and qwen35_tiny with every layer linear,
+random weights, fp32.
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ from training.config import model_config
 
 ALL_LINEAR = ["model.linear_pattern=all", "position=none", "qk_norm=none", "model.attention_gate=false",
               "model.rotary_fraction=1.0"]
-MODELS = {"llama_tiny": ["model=llama_tiny"], "qwen35_tiny (3:1)": ["model=qwen35_tiny"],
-          "all linear": ["model=qwen35_tiny", *ALL_LINEAR]}
+# llama_tiny cut to one layer: the hybrid's one attention layer and its cache, with no other layer around them
+MODELS = {"llama_tiny": ["model=llama_tiny"], "llama_tiny, 1 layer": ["model=llama_tiny", "model.n_layers=1"],
+          "qwen35_tiny (3:1)": ["model=qwen35_tiny"], "all linear": ["model=qwen35_tiny", *ALL_LINEAR]}
 PREFILL_CHUNK = 1024  # the prompt is read this many positions at a time: a 16k prefill's attention stays small
+WARM_UP_ROUNDS = 2  # untimed rounds of every model at every context first: the process's first rounds ran twice as slow
 
 
 def parse_args(argv):
@@ -82,27 +85,28 @@ def decoder(model: Transformer, context: int, steps: int, rounds: int):
 def measure(args) -> dict:
     torch.manual_seed(0)
     models = {name: Transformer(model_config(compose_config(overrides))).eval() for name, overrides in MODELS.items()}
-    results = {name: {"num_params": m.num_params(), "contexts": {}} for name, m in models.items()}
+    runs = {}
     for context in sorted(args.contexts):
         print(f"bench: context {context:,}: prefilling", file=sys.stderr, flush=True)
-        warm_up = args.repeats + 1 if context == min(args.contexts) else 1  # the process's first rounds: untimed
-        runs = {name: decoder(m, context, args.steps, args.repeats + warm_up) for name, m in models.items()}
-        seconds = {name: [] for name in runs}
-        for round_ in range(-warm_up + 1, args.repeats + 1):  # rounds up to 0 untimed
-            for name, run in list(runs.items())[::1 if round_ % 2 == 0 else -1]:
-                elapsed = run()
-                if round_ > 0:
-                    seconds[name].append(elapsed / args.steps)
-        for name, per_token in seconds.items():
-            results[name]["contexts"][context] = {
-                "ms_per_token": statistics.median(per_token) * 1e3,
-                "ms_range": [min(per_token) * 1e3, max(per_token) * 1e3],
-                "cache_bytes": models[name].kv_cache_bytes(context)}
+        for name, model in models.items():
+            runs[name, context] = decoder(model, context, args.steps, args.repeats + WARM_UP_ROUNDS)
+    seconds = {key: [] for key in runs}
+    for round_ in range(1 - WARM_UP_ROUNDS, args.repeats + 1):  # rounds up to 0 untimed
+        for key in list(runs)[::1 if round_ % 2 == 0 else -1]:
+            elapsed = runs[key]()
+            if round_ > 0:
+                seconds[key].append(elapsed / args.steps)
     short, long = min(args.contexts), max(args.contexts)
-    for row in results.values():
-        at = row["contexts"]
-        row["growth_ms"] = at[long]["ms_per_token"] - at[short]["ms_per_token"]
-        row["spread_ms"] = max(hi - lo for lo, hi in (c["ms_range"] for c in at.values()))
+    results = {}
+    for name, model in models.items():
+        contexts = {context: {"ms_per_token": statistics.median(seconds[name, context]) * 1e3,
+                              "ms_range": [min(seconds[name, context]) * 1e3, max(seconds[name, context]) * 1e3],
+                              "cache_bytes": model.kv_cache_bytes(context)} for context in sorted(args.contexts)}
+        # each round's own long-less-short: the two were timed seconds apart, so a drift of the machine's speed
+        # over the minutes of the run cancels out of the difference
+        growths = [(at_long - at_short) * 1e3 for at_short, at_long in zip(seconds[name, short], seconds[name, long])]
+        results[name] = {"num_params": model.num_params(), "contexts": contexts,
+                         "growth_ms": statistics.median(growths), "growth_range_ms": [min(growths), max(growths)]}
     baseline = results["llama_tiny"]["growth_ms"]
     for row in results.values():
         row["growth_vs_llama_tiny"] = row["growth_ms"] / baseline
@@ -112,13 +116,14 @@ def measure(args) -> dict:
 def table(results: dict) -> str:
     contexts = list(next(iter(results.values()))["contexts"])
     header = ("| model | " + " | ".join(f"{c:,}: ms/token (range), cache bytes" for c in contexts)
-              + " | growth ms/token | vs llama_tiny's growth | widest spread ms |")
+              + " | growth ms/token (range over rounds) | vs llama_tiny's growth |")
     lines = [header, "|" + "---|" * (len(contexts) + 4)]
     for name, row in results.items():
         cells = [f"{c['ms_per_token']:.2f} ({c['ms_range'][0]:.2f}-{c['ms_range'][1]:.2f}), {c['cache_bytes']:,}"
                  for c in row["contexts"].values()]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['growth_ms']:+.2f} | "
-                     f"{row['growth_vs_llama_tiny']:.3f} | {row['spread_ms']:.2f} |")
+        low, high = row["growth_range_ms"]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {row['growth_ms']:+.2f} ({low:+.2f} to {high:+.2f}) | "
+                     f"{row['growth_vs_llama_tiny']:.3f} |")
     return "\n".join(lines)
 
 

@@ -272,21 +272,25 @@ def test_against_refuses_a_tree_whose_model_computes_other_logits(tmp_path):
 
 def test_the_state_decode_bench_times_each_model_at_each_context(tmp_path, capsys):
     """benchmarks/state_decode.py at two short contexts: every model's row, its cache bytes as the model counts them
-    (an all-linear model's the same at both), llama_tiny's growth the unit of the others'."""
+    (an all-linear model's the same at both), each one's growth over the rounds within its range, llama_tiny's growth
+    the unit of the others'."""
     out = tmp_path / "state.json"
-    assert state_decode.main(["--contexts", "8", "32", "--steps", "2", "--repeats", "1", "--threads", "1",
+    assert state_decode.main(["--contexts", "8", "32", "--steps", "2", "--repeats", "2", "--threads", "1",
                               "--json", str(out)]) == 0
     results = json.loads(out.read_text())
-    assert list(results) == ["llama_tiny", "qwen35_tiny (3:1)", "all linear"]
+    assert list(results) == ["llama_tiny", "llama_tiny, 1 layer", "qwen35_tiny (3:1)", "all linear"]
     linear = results["all linear"]["contexts"]
     assert linear["8"]["cache_bytes"] == linear["32"]["cache_bytes"] > 0
     llama = results["llama_tiny"]["contexts"]
     assert llama["32"]["cache_bytes"] == 4 * llama["8"]["cache_bytes"]
+    assert results["llama_tiny, 1 layer"]["contexts"]["32"]["cache_bytes"] == llama["32"]["cache_bytes"] // 4
     assert results["llama_tiny"]["growth_vs_llama_tiny"] == 1.0
     printed = capsys.readouterr().out
     for name, row in results.items():
         for at in row["contexts"].values():
             assert 0 < at["ms_range"][0] <= at["ms_per_token"] <= at["ms_range"][1]
+        low, high = row["growth_range_ms"]
+        assert low <= row["growth_ms"] <= high
         assert f"| {name} | " in printed
     assert state_decode.main(["--contexts", "8"]) == 2
     assert capsys.readouterr().err.strip() == "error: --contexts 8: at least two different positive lengths"
