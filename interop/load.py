@@ -9,14 +9,13 @@ from pathlib import Path
 import torch
 
 from model.transformer import Transformer
-from storage.checkpoint import load_checkpoint, read_config, resolve_ckpt_dir, run_dir_of
+from storage.checkpoint import load_checkpoint, read_config, run_dir_of
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Path]:
     """Returns (model in eval mode, its dir); the tokenizer is dir / 'tokenizer.model'. `path` may be a run dir
     (holding ckpt/), a checkpoint dir or a transformers directory of one of the families."""
-    ckpt_dir = resolve_ckpt_dir(path)
-    config = read_config(ckpt_dir)
+    config, ckpt_dir = read_config(path)
     if "model_type" in config:
         from interop.hf import load_transformers_dir  # here, not above: only this kind of dir needs it
         return load_transformers_dir(ckpt_dir, config, device), ckpt_dir

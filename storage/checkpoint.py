@@ -125,13 +125,18 @@ def check_shapes(ckpt_dir: Path, model: Transformer, state: dict[str, torch.Tens
                                   f"{list(want.shape)} for the model its config.json describes ({sizes})")
 
 
-def read_config(ckpt_dir: Path) -> dict:
-    """ckpt_dir/config.json: this repo's checkpoint config or a transformers model config ({} for JSON that
-    is not an object, which then fails the format_version check by name)."""
-    try:
-        return parse_config(ckpt_dir, (ckpt_dir / "config.json").read_bytes())
-    except OSError as e:
-        raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
+def read_config(path: str | Path) -> tuple[dict, Path]:
+    """The config.json of the checkpoint at `path` (a run dir or a checkpoint dir), and the dir it was read in: this
+    repo's checkpoint config or a transformers model config ({} for JSON that is not an object, which then fails the
+    format_version check by name)."""
+    for attempt in range(READ_ATTEMPTS):
+        ckpt_dir = resolve_ckpt_dir(path)
+        try:
+            return parse_config(ckpt_dir, (ckpt_dir / "config.json").read_bytes()), ckpt_dir
+        except OSError as e:
+            # gone since it was found: a save renamed the dir, or removed the ckpt.old found, in between; look again
+            if not isinstance(e, FileNotFoundError) or attempt == READ_ATTEMPTS - 1:
+                raise CheckpointError(f"corrupt checkpoint config {ckpt_dir / 'config.json'}: {e}") from None
 
 
 def parse_config(ckpt_dir: Path, content: bytes) -> dict:
