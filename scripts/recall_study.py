@@ -157,10 +157,10 @@ def study(args) -> None:
                          f"a model's context, {shortest}")
     grids = {variant: args.lrs or [cfg.train.lr] for variant, cfg in configs.items()}
     if args.lrs_of:
-        missing = [variant for variant in configs if not finished(args.lrs_of, variant)]
-        if missing:
+        done = {variant: finished(args.lrs_of, variant) for variant in configs}
+        if missing := [variant for variant, runs in done.items() if not runs]:
             raise UsageError(f"--lrs-of={args.lrs_of}: no finished run of {', '.join(missing)} there")
-        grids = {variant: [best_lr(finished(args.lrs_of, variant))] for variant in configs}
+        grids = {variant: [best_lr(runs)] for variant, runs in done.items()}
     grid = {variant: {lr: result_of(variant, at_lr(cfg, lr), args, 0) for lr in grids[variant]}
             for variant, cfg in configs.items()}
     best = {variant: best_lr(runs) for variant, runs in grid.items()}
