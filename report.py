@@ -9,7 +9,7 @@ with --wandb, in the run's W&B run.
 DIR (--out, default: the first checkpoint's run dir / report) gets index.html (figures embedded, nothing fetched:
 open it from disk), every figure as a PNG, and report.json with every number the figures and tables show.
 The measurements are in insight/ (one module per part of the chapter); docs/report.md explains each section.
-Bad input (a missing or corrupt checkpoint, an empty prompt or one longer than a model's context, checkpoints
+Bad input (a missing or corrupt checkpoint, an empty --prompt or one longer than a model's context, checkpoints
 of different vocabularies, --wandb on a checkpoint without a W&B run, an --out that is not a report) is one
 `error: ...` line and exit 2, before anything is written. Then each checkpoint's run dir is printed by its real
 path (outputs/latest's target, not the link, which the next run moves), and the report is written beside DIR and
@@ -71,8 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = Parser(description="Measure the chapter's demos on nanollama checkpoints: an HTML page, PNGs, JSON.")
     parser.add_argument("--ckpt", action="append", required=True,
                         help="a run dir or its ckpt/ dir; repeat it to compare checkpoints side by side")
-    parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="text after BOS, read by every checkpoint "
-                        f"(default {DEFAULT_PROMPT!r})")
+    parser.add_argument("--prompt", help="text after BOS, read by every checkpoint (default "
+                        f"{DEFAULT_PROMPT!r}, its first tokens where a model's context holds fewer)")
     parser.add_argument("--out", help="the report's folder (default: the first checkpoint's run dir / report)")
     parser.add_argument("--wandb", action="store_true", help="also log the figures and tables to each checkpoint's "
                         "W&B run (mode: $WANDB_MODE, else online with a login, else offline)")
@@ -111,18 +111,28 @@ def token_label(piece: str) -> str:
     return {"<0x0A>": "↵", "<0x09>": "⇥"}.get(piece, piece.replace("\u2581", "␣"))
 
 
-def prompt_ids(prompt: str, tokenizer: Tokenizer, models: list[Transformer], paths: list[str]) -> list[int]:
-    """BOS + the prompt's tokens, at least 3 (two positions for the stream's cosine, with their next tokens) and
-    no more than any model's context."""
-    ids = [tokenizer.bos_id] + tokenizer.encode(prompt)
+def prompt_ids(prompt: str | None, tokenizer: Tokenizer, models: list[Transformer],
+               paths: list[str]) -> tuple[str, list[int]]:
+    """The prompt read and BOS + its tokens: at least 3 (two positions for the stream's cosine, with their next
+    tokens) and no more than any model's context. A --prompt longer than that is refused; the default (prompt None),
+    which no one chose, is cut to the smallest context, with a line that says so."""
+    text = DEFAULT_PROMPT if prompt is None else prompt
+    ids = [tokenizer.bos_id] + tokenizer.encode(text)
     if len(ids) < 3:
         raise UsageError(f"--prompt={prompt!r} is {'empty' if not prompt else 'one token'}: the report compares "
                          f"positions and predicts the next token, so it needs at least 2 tokens after BOS")
-    for model, path in zip(models, paths):
-        if len(ids) > model.cfg.context_length:
-            raise UsageError(f"--prompt is {len(ids)} tokens with BOS, more than model.context_length="
-                             f"{model.cfg.context_length} of --ckpt {path}; give a shorter one")
-    return ids
+    context, path = min(((model.cfg.context_length, path) for model, path in zip(models, paths)), key=lambda c: c[0])
+    if len(ids) <= context:
+        return text, ids
+    if prompt is not None:
+        raise UsageError(f"--prompt is {len(ids)} tokens with BOS, more than model.context_length={context} of "
+                         f"--ckpt {path}; give a shorter one")
+    if context < 3:
+        raise UsageError(f"model.context_length={context} of --ckpt {path} holds fewer than the 3 tokens the report "
+                         f"reads (BOS and 2 after it)")
+    print(f"the default prompt is {len(ids)} tokens with BOS, more than model.context_length={context} of --ckpt "
+          f"{path}: the report reads its first {context} (--prompt gives another)", flush=True)
+    return tokenizer.decode(ids[1:context]), ids[:context]
 
 
 def labels(configs: list[dict], names: list[str]) -> list[str]:
@@ -204,15 +214,15 @@ def report(argv: list[str] | None = None) -> Path:
     """Measures, draws and writes the report; returns its folder. Raises UsageError on bad input."""
     args = parse_args(argv)
     try:
-        args.prompt.encode("utf-8")
+        (args.prompt or "").encode("utf-8")
     except UnicodeEncodeError as e:  # the shell passed bytes that are not UTF-8 (Python keeps them as surrogates)
         raise UsageError(f"--prompt is not UTF-8 text (at character {e.start})") from None
     loaded = [load(path) for path in args.ckpt]
     models, ckpt_dirs, tokenizers = zip(*loaded)
     vocabulary = one_vocabulary(tokenizers, args.ckpt)
-    ids = prompt_ids(args.prompt, tokenizers[0], models, args.ckpt)
     runs = [wandb_run_of(d, path) for d, path in zip(ckpt_dirs, args.ckpt)] if args.wandb else []
     folder = out_dir(args.out, ckpt_dirs[0])
+    prompt, ids = prompt_ids(args.prompt, tokenizers[0], models, args.ckpt)  # the last check: it may print a line
     for ckpt_dir in ckpt_dirs:
         print(loaded_line(ckpt_dir), flush=True)
 
@@ -220,7 +230,7 @@ def report(argv: list[str] | None = None) -> Path:
     settings = [m.cfg.to_dict() | {"attention": m.cfg.attention} for m in models]  # the attention, named too
     checkpoint_labels = labels(settings, names)
     pieces = [token_label(piece) for piece in vocabulary]
-    result = {"prompt": args.prompt, "token_ids": ids, "tokens": [pieces[i] for i in ids],
+    result = {"prompt": prompt, "token_ids": ids, "tokens": [pieces[i] for i in ids],
               "estimator": estimator(models, checkpoint_labels), "checkpoints": []}
     for model, ckpt_dir, label, model_settings in zip(models, ckpt_dirs, checkpoint_labels, settings):
         result["checkpoints"].append({"label": label, "path": str(ckpt_dir), "model": model_settings,

@@ -35,8 +35,9 @@ def full_sizes(overrides: list[str]) -> Sizes:
                  prefill_tokens=256, peak_n=2048, repeats=5)
 
 
-# --quick: the same code paths at toy sizes, for the test of the JSON's shape; its figures mean nothing.
-QUICK_OVERRIDES = ["model.d_model=64", "model.n_layers=2", "model.context_length=32", "data.vocab_size=256",
+# --quick: the same code paths at toy sizes, for the test of the JSON's shape; its figures mean nothing. The depth
+# is the model's own: a 3:1 hybrid on fewer than 4 layers would have no attention layer (and is refused).
+QUICK_OVERRIDES = ["model.d_model=64", "model.context_length=32", "data.vocab_size=256",
                    "train.batch_size=2", "train.micro_batch_size=null"]
 
 

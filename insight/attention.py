@@ -5,7 +5,9 @@ or fewer K/V heads, and the weights of every layer and head on the prompt.
     entropy[l][h]       = mean over t >= 1 of H(weights[l][h][t]) / ln(t + 1): 1 is uniform over the t + 1
                           visible keys, 0 all weight on one key     (training.diagnostics.normalised_entropy)
 
-q and k come from each block's own Attention.heads, called by a forward hook on the input the block gave it.
+Each block's mixer answers for itself (model/interfaces.py's Mixer), called on the input the block gave it: weights
+(a linear layer's map is its gate-faded q . k, the reading of each earlier position the delta rule would correct;
+its rows need not sum to 1, so its entropy is None), logits (q and k, None where no softmax reads them).
 
 The logits' scale, what QK-norm (model/qk_norm.py) does to it, on windows of tokens:
     as_trained[l] = max over windows, heads and causal pairs s <= t of |q_t . k_s| / sqrt(D), the logits softmax reads
@@ -16,7 +18,6 @@ The logits' scale, what QK-norm (model/qk_norm.py) does to it, on windows of tok
                     changing their norms
 """
 import copy
-from contextlib import contextmanager
 
 import torch
 
@@ -43,20 +44,25 @@ def attention_inputs(model: Transformer, tokens: torch.Tensor, start: int = 0) -
     return found
 
 
-def layer_qk(model: Transformer, tokens: torch.Tensor, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's q [B, H, T, D] and k [B, H_kv, T, D], rotated when the model uses RoPE."""
+def layer_qk(model: Transformer, tokens: torch.Tensor, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+    """Each layer's q [B, H, T, D] and k [B, H_kv, T, D], rotated when the model uses RoPE; None for a layer with no
+    softmax logits."""
     with torch.no_grad():
-        return [block.attn.heads(x, at)[:2] for block, (x, at) in zip(model.blocks, attention_inputs(model, tokens, start))]
+        return [block.attn.logits(x, at) for block, (x, at) in zip(model.blocks, attention_inputs(model, tokens, start))]
 
 
 def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:
-    """tokens [1, T] -> weights [layer][head][T][T] and entropy [layer][head]."""
-    windows = [block.attn.window for block in model.blocks]
+    """tokens [1, T] -> weights [layer][head][T][T], entropy [layer][head] (None in a layer without softmax) and
+    softmax [layer]: whether the layer's rows are a softmax's."""
+    maps = {"weights": [], "entropy": [], "softmax": []}
     with torch.no_grad():
-        weights = [block.attn.weights(x, start)[0]
-                   for block, (x, start) in zip(model.blocks, attention_inputs(model, tokens))]
-    return {"weights": [w.tolist() for w in weights],
-            "entropy": [normalised_entropy(w, window).mean(dim=-1).tolist() for w, window in zip(weights, windows)]}
+        for block, (x, start) in zip(model.blocks, attention_inputs(model, tokens)):
+            weights, softmax = block.attn.weights(x, start)[0], block.attn.logits(x, start) is not None
+            maps["weights"].append(weights.tolist())
+            maps["softmax"].append(softmax)
+            maps["entropy"].append(normalised_entropy(weights, block.attn.window).mean(dim=-1).tolist() if softmax
+                                   else [None] * len(weights))
+    return maps
 
 
 def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
@@ -64,9 +70,9 @@ def kv_wiring(model: Transformer, tokens: torch.Tensor) -> list[list[int]]:
     values (the attention's cached_value_rows: a V head's among the stacked [Wq; Wk; Wv], MLA's latent among
     [W_dkv; W_kr]) are zeroed in turn (on a copy), and the query heads whose outputs change, at the output
     projection's input, read it."""
-    H = model.cfg.n_heads
     x, start = attention_inputs(model, tokens)[0]
     probe = copy.deepcopy(model.blocks[0].attn)
+    H = probe.output_heads
     outputs = []
     probe.out.register_forward_pre_hook(lambda _out, inputs: outputs.append(inputs[0].unflatten(-1, (H, -1))))
     reads = [[] for _ in range(H)]
@@ -105,20 +111,6 @@ def cache_by_kv_heads(cfg: ModelConfig, bytes_per_element: int = 4) -> list[dict
     return rows
 
 
-@contextmanager
-def qk_norm_bypassed(model: Transformer):
-    """Every block's attention without its QK-norm while inside: Attention.heads then returns the raw q and k
-    projections, rotated. The norms are put back on the way out, on an error too, so the model is unchanged after."""
-    norms = [block.attn.qk_norm for block in model.blocks]
-    try:
-        for block in model.blocks:
-            block.attn.qk_norm = None
-        yield
-    finally:
-        for block, norm in zip(model.blocks, norms):
-            block.attn.qk_norm = norm
-
-
 def max_causal_logit(q: torch.Tensor, k: torch.Tensor) -> float:
     """q [B, H, T, D], k [B, H_kv, T, D] -> max |q_t . k_s| / sqrt(D) over the batch, heads and s <= t: the logits
     the causal mask lets through, the only ones softmax reads."""
@@ -127,27 +119,30 @@ def max_causal_logit(q: torch.Tensor, k: torch.Tensor) -> float:
     return attention_scores(q, k).abs().masked_fill(future, 0).amax().item()
 
 
-def logit_bound(model: Transformer) -> list[float] | None:
-    """Per layer sqrt(D) max|g_q| max|g_k|, the largest |q . k| / sqrt(D) QK-norm allows; None without QK-norm."""
+def logit_bound(model: Transformer) -> list[float | None] | None:
+    """Per layer sqrt(D) max|g_q| max|g_k|, the largest |q . k| / sqrt(D) QK-norm allows (None in a layer without
+    it); None where no layer has one."""
     bounds = [block.attn.logit_bound() for block in model.blocks]
-    return None if None in bounds else bounds
+    return None if all(bound is None for bound in bounds) else bounds
 
 
 def logit_scale(model: Transformer, windows: torch.Tensor, batch_size: int = 8) -> dict:
     """windows [N, T] of tokens, each read from position 0 -> per layer the max |q . k| / sqrt(D) as trained and,
-    with QK-norm, with the norm bypassed, and the bound; without QK-norm there is no norm to bypass (None)."""
-    normalised = logit_bound(model) is not None
-    as_trained = [0.0] * len(model.blocks)
-    bypassed = [0.0] * len(model.blocks) if normalised else None
+    with QK-norm, with the norm bypassed, and the bound; without QK-norm there is no norm to bypass (None), and a
+    layer without softmax logits (a linear layer) has None in every list."""
+    bounds = logit_bound(model)
+    as_trained, bypassed = [None] * len(model.blocks), [None] * len(model.blocks)
     for batch in windows.split(batch_size):
         # the block inputs of the model as trained: bypassing a norm must not change what the later layers read
         inputs = attention_inputs(model, batch.to(model.tok_emb.weight.device))
         with torch.no_grad():
             for layer, (block, (x, start)) in enumerate(zip(model.blocks, inputs)):
-                as_trained[layer] = max(as_trained[layer], max_causal_logit(*block.attn.heads(x, start)[:2]))
-            if normalised:
-                with qk_norm_bypassed(model):
-                    for layer, (block, (x, start)) in enumerate(zip(model.blocks, inputs)):
-                        bypassed[layer] = max(bypassed[layer], max_causal_logit(*block.attn.heads(x, start)[:2]))
+                qk = block.attn.logits(x, start)
+                if qk is None:
+                    continue
+                as_trained[layer] = max(as_trained[layer] or 0.0, max_causal_logit(*qk))
+                if bounds is not None and bounds[layer] is not None:
+                    raw = max_causal_logit(*block.attn.logits(x, start, qk_norm=False))
+                    bypassed[layer] = max(bypassed[layer] or 0.0, raw)
     return {"qk_norm": model.cfg.qk_norm, "head_dim": model.cfg.head_dim, "as_trained": as_trained,
-            "bypassed": bypassed, "bound": logit_bound(model)}
+            "bypassed": bypassed if bounds is not None else None, "bound": bounds}

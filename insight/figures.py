@@ -4,6 +4,7 @@ Checkpoints share each figure: side by side in panels, or as lines of one colour
 labelled as the report labels them (by the switches in which they differ).
 """
 import io
+import math
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
@@ -102,20 +103,29 @@ def attention_maps(report: dict, index: int) -> Figure:
     every tick label of every map, a third of the figure's drawing time."""
     ckpt, tokens = report["checkpoints"][index], report["tokens"]
     weights, entropy = ckpt["attention_maps"]["weights"], ckpt["attention_maps"]["entropy"]
-    layers, heads = len(weights), len(weights[0])
+    layers, heads = len(weights), max(len(layer) for layer in weights)
     # 0.13 inch a token: a row of 8-point labels, legible where the page shows the figure 1280 pixels wide
     side, gap, left, bottom, top, right = 0.3 + 0.13 * min(len(tokens), TOKEN_LABELS_UP_TO), 0.35, 0.9, 0.9, 0.6, 1.1
     width, height = left + heads * (side + gap) + right, bottom + layers * (side + gap) + top
     fig = Figure(figsize=(width, height))
+    image = None
     for l in range(layers):
-        for h in range(heads):
+        softmax = ckpt["attention_maps"]["softmax"][l]
+        # a linear layer's gate-faded q . k takes either sign: a diverging scale of its own, centred on 0
+        largest = max(abs(w) for head in weights[l] for row in head for w in row) or 1
+        for h in range(len(weights[l])):
             ax = fig.add_axes(((left + h * (side + gap)) / width, (bottom + (layers - 1 - l) * (side + gap)) / height,
                                side / width, side / height))
-            image = ax.imshow(weights[l][h], vmin=0, vmax=1, cmap="viridis")
+            shown = ax.imshow(weights[l][h], **(dict(vmin=0, vmax=1, cmap="viridis") if softmax else
+                                                dict(vmin=-largest, vmax=largest, cmap="RdBu_r")))
+            image = shown if softmax else image
             token_axes(ax, tokens, bottom=l == layers - 1, left=h == 0)
-            ax.set_title(f"layer {l} head {h}: entropy {entropy[l][h]:.2f}", fontsize=8)
-    bar = fig.add_axes(((width - right + 0.2) / width, bottom / height, 0.15 / width, layers * (side + gap) / height))
-    fig.colorbar(image, cax=bar, label="attention weight (row: query, column: key)")
+            ax.set_title(f"layer {l} head {h}: " + (f"entropy {entropy[l][h]:.2f}" if softmax else
+                                                    f"faded q·k, |max| {largest:.2g}"), fontsize=8)
+    if image is not None:  # a softmax layer's scale (a linear layer's is in its titles)
+        bar = fig.add_axes(((width - right + 0.2) / width, bottom / height, 0.15 / width,
+                            layers * (side + gap) / height))
+        fig.colorbar(image, cax=bar, label="attention weight (row: query, column: key)")
     fig.suptitle(ckpt["label"], y=1 - 0.15 / height, va="top")
     return fig
 
@@ -125,13 +135,18 @@ def attention_entropy(report: dict) -> Figure:
     fig = Figure(figsize=(4.5 * len(checkpoints) + 1, 3.5), layout="constrained")
     axes = fig.subplots(1, len(checkpoints), squeeze=False)[0]
     for ax, ckpt in zip(axes, checkpoints):
-        entropy = ckpt["attention_maps"]["entropy"]
+        rows = ckpt["attention_maps"]["entropy"]
+        heads = max(len(row) for row in rows)
+        # a layer without softmax (None) and a layer of fewer heads show blank cells
+        entropy = [[math.nan if value is None else value for value in row] + [math.nan] * (heads - len(row))
+                   for row in rows]
         image = ax.imshow(entropy, vmin=0, vmax=1, cmap="magma", aspect="auto")
         for l, row in enumerate(entropy):
             for h, value in enumerate(row):
-                ax.annotate(f"{value:.2f}", (h, l), ha="center", va="center", fontsize=8,
-                            color="black" if value > 0.6 else "white")
-        ax.set(xlabel="head", ylabel="layer", xticks=range(len(entropy[0])), yticks=range(len(entropy)),
+                if not math.isnan(value):
+                    ax.annotate(f"{value:.2f}", (h, l), ha="center", va="center", fontsize=8,
+                                color="black" if value > 0.6 else "white")
+        ax.set(xlabel="head", ylabel="layer", xticks=range(heads), yticks=range(len(entropy)),
                title=ckpt["label"])
     fig.colorbar(image, ax=axes, label="entropy / ln(keys seen): 1 uniform, 0 one key")
     return fig
@@ -142,15 +157,19 @@ def shift_check(report: dict) -> Figure:
     fig = Figure(figsize=(4.5 * len(checkpoints), 4.2), layout="constrained")
     axes = fig.subplots(1, len(checkpoints), squeeze=False)[0]
     for i, (ax, ckpt) in enumerate(zip(axes, checkpoints)):
-        check = ckpt["positions"]["shift_check"]
-        at_0, shifted = check["layer0"]["at_0"], check["layer0"]["shifted"]
+        check, first = ckpt["positions"]["shift_check"], ckpt["positions"]["shift_check"]["layer0"]
+        if first is None:  # no layer has softmax scores (all linear): nothing to shift
+            ax.set(xticks=[], yticks=[], title=f"{ckpt['label']}\nno softmax layer: no scores to shift")
+            continue
+        at_0, shifted = first["at_0"], first["shifted"]
         ax.scatter(at_0, shifted, s=6, color=colour(i))
         low, high = min(at_0 + shifted), max(at_0 + shifted)
         ax.plot([low, high], [low, high], color="grey", lw=0.8)
-        worst = max(check["shifts"][-1]["max_abs_diff"])
-        ax.set(xlabel="score of (q at m, k at n)", ylabel=f"score of (q at m + {check['layer0']['shift']}, "
-               f"k at n + {check['layer0']['shift']})",
-               title=f"{ckpt['label']} ({ckpt['model']['position']}), layer 0\nlargest difference, any layer: {worst:.2g}")
+        worst = max(d for d in check["shifts"][-1]["max_abs_diff"] if d is not None)
+        ax.set(xlabel="score of (q at m, k at n)", ylabel=f"score of (q at m + {first['shift']}, "
+               f"k at n + {first['shift']})",
+               title=f"{ckpt['label']} ({ckpt['model']['position']}), layer {first['layer']}\nlargest difference, "
+                     f"any layer: {worst:.2g}")
     return fig
 
 
@@ -159,10 +178,13 @@ def score_distance(report: dict) -> Figure:
     fig = Figure(figsize=(4.5 * len(checkpoints), 3.8), layout="constrained")
     axes = fig.subplots(1, len(checkpoints), squeeze=False, sharey=True)[0]
     for ax, ckpt in zip(axes, checkpoints):
-        for l, curve in enumerate(ckpt["positions"]["score_by_distance"]):
+        curves = [(l, curve) for l, curve in enumerate(ckpt["positions"]["score_by_distance"]) if curve is not None]
+        for l, curve in curves:  # the layers with softmax scores
             ax.plot(range(len(curve)), curve, marker=".", label=f"layer {l}")
-        ax.set(xlabel="distance m − n", title=f"{ckpt['label']} ({ckpt['model']['position']})")
-        ax.legend(fontsize=8)
+        ax.set(xlabel="distance m − n", title=f"{ckpt['label']} ({ckpt['model']['position']})"
+               + ("" if curves else "\nno softmax layer: no scores"))
+        if curves:
+            ax.legend(fontsize=8)
     axes[0].set_ylabel("mean q·k / √D over heads")
     return fig
 
@@ -238,11 +260,13 @@ def qk_logits(report: dict) -> Figure:
     for i, ckpt in enumerate(checkpoints):
         scale, label = ckpt["qk_logits"], ckpt["label"]
         layers = range(len(scale["as_trained"]))
-        ax.plot(layers, scale["as_trained"], "-o", color=colour(i), label=f"{label}: as trained")
+        def line(values):  # a layer without softmax logits (None) is a gap
+            return [math.nan if value is None else value for value in values]
+        ax.plot(layers, line(scale["as_trained"]), "-o", color=colour(i), label=f"{label}: as trained")
         if scale["bypassed"] is not None:
-            ax.plot(layers, scale["bypassed"], "--s", color=colour(i), label=f"{label}: QK-norm bypassed")
+            ax.plot(layers, line(scale["bypassed"]), "--s", color=colour(i), label=f"{label}: QK-norm bypassed")
             # a bar marker as well as the line: a one-layer model's bound is a single point
-            ax.plot(layers, scale["bound"], ":_", ms=16, color=colour(i),
+            ax.plot(layers, line(scale["bound"]), ":_", ms=16, color=colour(i),
                     label=f"{label}: bound √D·max|g_q|·max|g_k|")
     ax.set(xlabel="layer", ylabel="max |q·k| / √D, causal pairs", yscale="log",
            xticks=range(max(len(c["qk_logits"]["as_trained"]) for c in checkpoints)),

@@ -117,12 +117,17 @@ def tables(report: dict) -> dict[str, dict]:
             rows["kv_heads"].append([label, size["attention"], size["kv_heads"], size["bytes"],
                                      "yes" if size["this_model"] else ""])
         for layer, entropy in enumerate(ckpt["attention_maps"]["entropy"]):
-            rows["entropy"].append([label, layer, " ".join(f"{e:.3f}" for e in entropy),
-                                    round(sum(entropy) / len(entropy), 4)])
+            if None in entropy:  # a layer without softmax: its map has no entropy
+                rows["entropy"].append([label, layer, "no softmax (a linear layer)", None])
+            else:
+                rows["entropy"].append([label, layer, " ".join(f"{e:.3f}" for e in entropy),
+                                        round(sum(entropy) / len(entropy), 4)])
         check = ckpt["positions"]["shift_check"]
         for shift in check["shifts"]:
+            differences = [d for d in shift["max_abs_diff"] if d is not None]  # the layers with softmax scores
             rows["shift"].append([label, ckpt["model"]["position"], check["tokens"], shift["shift"],
-                                  max(shift["max_abs_diff"]), max(check["max_abs_score"])])
+                                  max(differences, default=None),
+                                  max((s for s in check["max_abs_score"] if s is not None), default=None)])
         stream = ckpt["residual_stream"]
         for block in range(len(stream["stream_rms"])):
             rows["stream"].append([label, block] + [stream[key][block] for key in STREAM_STATS])

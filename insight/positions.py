@@ -33,24 +33,29 @@ def shift_check(model: Transformer, tokens: torch.Tensor, n_shifts: int = 4) -> 
     model64 = copy.deepcopy(model).double()
     causal = torch.ones(n, n, dtype=torch.bool).tril()
 
-    def scores(start):
-        return [attention_scores(q, k)[0][:, causal] for q, k in layer_qk(model64, tokens, start)]  # [H, pairs]
+    def scores(start):  # [H, pairs] per layer; None for a layer without softmax logits
+        return [None if qk is None else attention_scores(*qk)[0][:, causal] for qk in layer_qk(model64, tokens, start)]
 
     base = scores(0)
     rows = []
     for shift in shifts:
         moved = scores(shift)
-        rows.append({"shift": shift, "max_abs_diff": [(m - b).abs().max().item() for m, b in zip(moved, base)]})
-    return {"tokens": n, "max_abs_score": [b.abs().max().item() for b in base], "shifts": rows,
-            "layer0": {"shift": shifts[-1], "at_0": base[0].flatten().tolist(), "shifted": moved[0].flatten().tolist()}}
+        rows.append({"shift": shift, "max_abs_diff": [None if b is None else (m - b).abs().max().item()
+                                                      for m, b in zip(moved, base)]})
+    first = next((layer for layer, b in enumerate(base) if b is not None), None)  # the first layer with scores
+    return {"tokens": n, "max_abs_score": [None if b is None else b.abs().max().item() for b in base], "shifts": rows,
+            "layer0": None if first is None else {"layer": first, "shift": shifts[-1], "at_0": base[first].flatten().tolist(),
+                                 "shifted": moved[first].flatten().tolist()}}
 
 
 def score_by_distance(model: Transformer, tokens: torch.Tensor) -> list[list[float]]:
-    """tokens [1, T] -> [layer][distance 0 .. T - 1]: the mean score of the pairs at that distance."""
+    """tokens [1, T] -> [layer][distance 0 .. T - 1]: the mean score of the pairs at that distance (None for a layer
+    without softmax logits)."""
     curves = []
-    for q, k in layer_qk(model, tokens):
-        s = attention_scores(q, k)[0]  # [H, T, T]
-        curves.append([s.diagonal(offset=-d, dim1=-2, dim2=-1).mean().item() for d in range(s.shape[-1])])
+    for qk in layer_qk(model, tokens):
+        s = None if qk is None else attention_scores(*qk)[0]  # [H, T, T]
+        curves.append(None if s is None else [s.diagonal(offset=-d, dim1=-2, dim2=-1).mean().item()
+                                              for d in range(s.shape[-1])])
     return curves
 
 

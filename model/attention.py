@@ -30,6 +30,9 @@ turns the first f D dims of each q and k head, the rest carry no position.
 
 sdpa never materialises the attention weights; attention_scores and attention_weights below compute
 them from Attention.heads' q and k for what looks inside the model (training/diagnostics.py, insight/).
+
+The class reads: __init__, forward and heads (the formula), then its answers to the repo (model/interfaces.py's
+Mixer: build, cost, cache, what insight shows), then the rules of its settings.
 """
 import math
 
@@ -38,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
+from model.interfaces import Mixer
 from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
 from model.checks import is_number, is_whole
 from model.positions import Rotary
@@ -55,11 +59,156 @@ def local_run_of(pattern) -> int | None:
     return run if run is not None and run >= 1 and rest == "1" else None
 
 
-class Attention(nn.Module):
+class Attention(Mixer):
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
+                 rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False,
+                 gate: bool = False):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        self.gate = nn.Linear(d_model, d_model, bias=bias) if gate else None  # W_g, Qwen3-Next's output gate
+        self.window = window  # the positions a query sees, its own included; None: all earlier ones
+        # gpt-oss's sink logits, one per query head; 0 at init: the sink starts as one more key of logit 0
+        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
+        # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv] (an optimizer that treats each
+        # matrix on its own, Muon, reads stacked_rows).
+        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
+        self.qkv.stacked_rows = [n_heads * self.head_dim] + 2 * [n_kv_heads * self.head_dim]
+        self.out = nn.Linear(d_model, d_model, bias=bias)
+        self.qk_norm = qk_norm
+        self.rotary = rotary
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.heads(x, start)
+        if value_embedding is not None:  # [B, T, H_kv D] -> the value heads' [B, H_kv, T, D]: model/value_embeddings.py
+            v = v + value_embedding.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        key_positions = None  # the keys are the positions up to the last query's, in order
+        if cache is not None:
+            k, v, key_positions = cache.update(start, k, v)
+        mask = visible_keys(start, T, k.shape[2], key_positions, self.window, x.device)
+        dropout = self.dropout if self.training else 0.0
+        if self.sinks is not None:
+            y = attend_with_sink(q, k, v, mask, self.sinks, dropout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                               dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = y.transpose(1, 2).reshape(B, T, -1)
+        return self.out(y if self.gate is None else y * self.gate(x).sigmoid())
+
+    def heads(self, x: torch.Tensor, start: int = 0, qk_norm: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm (unless qk_norm=False: the
+        raw projections), then rotated with RoPE."""
+        B, T, _ = x.shape
+        H, H_kv = self.n_heads, self.n_kv_heads
+        # [B, T, (H + 2 H_kv) D] -> [B, H + 2 H_kv, T, D]: the q, k and v heads side by side
+        heads = self.qkv(x).view(B, T, H + 2 * H_kv, self.head_dim).transpose(1, 2)
+        qk, v = heads.split([H + H_kv, H_kv], dim=1)
+        if self.qk_norm is not None and qk_norm:
+            qk = torch.cat(self.qk_norm(*qk.split([H, H_kv], dim=1)), dim=1)
+        if self.rotary is not None:  # q and k heads in one call: the same rotation per position
+            turned = self.rotary.head_dim
+            qk = self.rotary(qk, start) if turned == self.head_dim else \
+                torch.cat([self.rotary(qk[..., :turned], start), qk[..., turned:]], dim=-1)
+        q, k = qk.split([H, H_kv], dim=1)
+        return q, k, v
+
+    # -------- its answers to the repo (model/interfaces.py's Mixer)
+    @classmethod
+    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "Attention":
+        """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm, sinks and gate."""
+        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
+        return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
+                   cfg.layer_windows[layer], cfg.sinks, cfg.attention_gate)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """W_o (GPT-2's scaled init)."""
+        return [self.out.weight]
+
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """2 per multiply-add: the projections 2 d (H + 2 H_kv) D + 2 H D d, and q k^T and the weights times v,
+        2 H D each per key seen, over mean_keys_seen's span (the window's in a local layer); the output gate's W_g,
+        2 d H D. The sink logit multiplies nothing."""
+        H, D, d = cfg.n_heads, cfg.head_dim, cfg.d_model
+        span = mean_keys_seen(seq_len, cfg.layer_windows[layer])
+        gate = 2 * d * H * D if cfg.attention_gate else 0  # W_g
+        return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + gate + 2 * 2 * H * D * span
+
+    @staticmethod
+    def value_width(cfg) -> int:
+        """One position's values, H_kv D wide."""
+        return cfg.n_kv_heads * cfg.head_dim
+
+    # The cache: K and V of n_kv_heads heads per position (model/kv_cache.py); a local layer holds its window
+    PER_POSITION = PerPosition(
+        name="heads", label="K/V heads", title="KV cache",
+        fields=(CacheField("kv_heads", "H_kv", "K/V heads H_kv", "K/V heads per layer (H_kv)"),
+                CacheField("head_dim", "d_head", "head dim d_head", "each K and V head's dims (d_head)")),
+        terms=((2, ("kv_heads", "head_dim")),), text="2 (K, V) x {kv_heads} KV heads x {head_dim} head dim")
+
+    @staticmethod
+    def cache_dims(cfg) -> dict[str, int]:
+        return {"kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}
+
+    @classmethod
+    def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
+        """A local layer holds min(window, positions)."""
+        held = min(cfg.layer_windows[layer] or positions, positions)
+        return held * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
+
+    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
+                  sink_tokens: int | None = None) -> FullCache:
+        """A window shorter than max_len rolls through it; otherwise, with sink_tokens S, it streams past max_len
+        keeping the first S positions (S = 0: the window alone)."""
+        sizes = (batch, self.n_kv_heads, max_len, self.head_dim, self.head_dim)
+        if self.rolls(max_len):
+            return RollingCache(*sizes, self.window, dtype, device)
+        if sink_tokens is not None:
+            return StreamingCache(*sizes, sink_tokens, self.rotary, dtype, device)
+        return FullCache(*sizes, dtype=dtype, device=device)
+
+    def rolls(self, max_len: int) -> bool:
+        """A window shorter than max_len rolls."""
+        return self.window is not None and self.window < max_len
+
+    @staticmethod
+    def stream_refusal(cfg) -> None:
+        """None: its cache streams, as a StreamingCache."""
+        return None
+
+    def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The weights forward applies to v (attention_weights: the window's band, the rows short of 1 by the sink's
+        share)."""
+        q, k, _ = self.heads(x, start)
+        return attention_weights(q, k, self.window, self.sinks)
+
+    def logits(self, x: torch.Tensor, start: int = 0, qk_norm: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Its q and k (qk_norm=False: before the QK-norm, as the raw projections would give them)."""
+        return self.heads(x, start, qk_norm)[:2]
+
+    def logit_bound(self) -> float | None:
+        """QKNorm.logit_bound; None without QK-norm."""
+        return None if self.qk_norm is None else self.qk_norm.logit_bound()
+
+    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
+        """V head j's rows among the stacked [Wq; Wk; Wv]."""
+        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
+        return [(self.qkv, slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)) for j in range(H_kv)]
+
+    @property
+    def output_heads(self) -> int:
+        """The query heads."""
+        return self.n_heads
+
+    # -------- its settings
     @classmethod
     def validate(cls, cfg) -> None:
-        """The rules of its own settings, the window's and the sinks' (model.window, window_pattern, sinks): a
-        ConfigError naming the first one broken."""
+        """Its own settings, the window's and the sinks' (model.window, window_pattern, sinks), the output gate and
+        RoPE's share."""
         window, pattern = cfg.window, cfg.window_pattern
         if window is not None and (not is_whole(window) or window >= cfg.context_length):
             raise ConfigError(f"model.window={window!r} must be an integer in [1, model.context_length="
@@ -87,152 +236,6 @@ class Attention(nn.Module):
     @classmethod
     def refuse_settings(cls, cfg) -> None:
         """Another attention is chosen: it checks this one's settings (the window's) itself (model/mla.py)."""
-
-    @staticmethod
-    def value_width(cfg) -> int | None:
-        """One position's values, H_kv D wide: what a value embedding's table adds to (model/value_embeddings.py)."""
-        return cfg.n_kv_heads * cfg.head_dim
-
-    @classmethod
-    def rope_dim(cls, cfg) -> int:
-        """The dims of each head RoPE rotates: model.rotary_fraction of them (all by default)."""
-        return int(cfg.head_dim * cfg.rotary_fraction)
-
-    @classmethod
-    def layer_class(cls, cfg, layer: int) -> type:
-        """Block `layer`'s kind: this one in every block (another kind may make some blocks attention,
-        model/gated_deltanet.py)."""
-        return cls
-
-    @classmethod
-    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "Attention":
-        """Block `layer`'s attention: its K/V heads, its window (model.window_pattern's), its QK-norm, sinks and gate."""
-        qk_norm = QKNorm(cfg.head_dim, cfg.norm_eps) if cfg.qk_norm == "rmsnorm" else None
-        return cls(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.bias, cfg.dropout, rotary, qk_norm,
-                   cfg.layer_windows[layer], cfg.sinks, cfg.attention_gate)
-
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, bias: bool, dropout: float,
-                 rotary: Rotary | None, qk_norm: QKNorm | None, window: int | None = None, sinks: bool = False,
-                 gate: bool = False):
-        super().__init__()
-        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
-        self.gate = nn.Linear(d_model, d_model, bias=bias) if gate else None  # W_g, Qwen3-Next's output gate
-        self.window = window  # the positions a query sees, its own included; None: all earlier ones
-        # gpt-oss's sink logits, one per query head; 0 at init: the sink starts as one more key of logit 0
-        self.sinks = nn.Parameter(torch.zeros(n_heads)) if sinks else None
-        # One matmul for Q, K and V: their rows are stacked [Wq; Wk; Wv] (an optimizer that treats each
-        # matrix on its own, Muon, reads stacked_rows).
-        self.qkv = nn.Linear(d_model, (n_heads + 2 * n_kv_heads) * self.head_dim, bias=bias)
-        self.qkv.stacked_rows = [n_heads * self.head_dim] + 2 * [n_kv_heads * self.head_dim]
-        self.out = nn.Linear(d_model, d_model, bias=bias)
-        self.qk_norm = qk_norm
-        self.rotary = rotary
-        self.dropout = dropout
-
-    def residual_weights(self) -> list[nn.Parameter]:
-        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
-        return [self.out.weight]
-
-    @classmethod
-    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
-        """Forward FLOPs per token of block `layer`'s attention in a causal sequence of seq_len tokens (2 per
-        multiply-add): the projections 2 d (H + 2 H_kv) D + 2 H D d, and q k^T and the weights times v, 2 H D each per
-        key seen, over mean_keys_seen's span (the window's in a local layer); the output gate's W_g, 2 d H D. The sink
-        logit multiplies nothing."""
-        H, D, d = cfg.n_heads, cfg.head_dim, cfg.d_model
-        span = mean_keys_seen(seq_len, cfg.layer_windows[layer])
-        gate = 2 * d * H * D if cfg.attention_gate else 0  # W_g
-        return 2 * d * (H + 2 * cfg.n_kv_heads) * D + 2 * H * D * d + gate + 2 * 2 * H * D * span
-
-    def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """The attention weights forward applies to v, for what looks inside the model (insight/): [B, H, T, T] over
-        x's own T positions (attention_weights: the window's band, the rows short of 1 by the sink's share)."""
-        q, k, _ = self.heads(x, start)
-        return attention_weights(q, k, self.window, self.sinks)
-
-    def logit_bound(self) -> float | None:
-        """The largest |q . k| / sqrt(D) its QK-norm lets through (QKNorm.logit_bound); None without QK-norm."""
-        return None if self.qk_norm is None else self.qk_norm.logit_bound()
-
-    def heads(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q: [B, H, T, D], k and v: [B, H_kv, T, D], q and k normalised with QK-norm, then rotated with RoPE."""
-        B, T, _ = x.shape
-        H, H_kv = self.n_heads, self.n_kv_heads
-        # [B, T, (H + 2 H_kv) D] -> [B, H + 2 H_kv, T, D]: the q, k and v heads side by side
-        heads = self.qkv(x).view(B, T, H + 2 * H_kv, self.head_dim).transpose(1, 2)
-        qk, v = heads.split([H + H_kv, H_kv], dim=1)
-        if self.qk_norm is not None:
-            qk = torch.cat(self.qk_norm(*qk.split([H, H_kv], dim=1)), dim=1)
-        if self.rotary is not None:  # q and k heads in one call: the same rotation per position
-            turned = self.rotary.head_dim
-            qk = self.rotary(qk, start) if turned == self.head_dim else \
-                torch.cat([self.rotary(qk[..., :turned], start), qk[..., turned:]], dim=-1)
-        q, k = qk.split([H, H_kv], dim=1)
-        return q, k, v
-
-    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | None = None,
-                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        q, k, v = self.heads(x, start)
-        if value_embedding is not None:  # [B, T, H_kv D] -> the value heads' [B, H_kv, T, D]: model/value_embeddings.py
-            v = v + value_embedding.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        key_positions = None  # the keys are the positions up to the last query's, in order
-        if cache is not None:
-            k, v, key_positions = cache.update(start, k, v)
-        mask = visible_keys(start, T, k.shape[2], key_positions, self.window, x.device)
-        dropout = self.dropout if self.training else 0.0
-        if self.sinks is not None:
-            y = attend_with_sink(q, k, v, mask, self.sinks, dropout)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                               dropout_p=dropout, enable_gqa=self.n_kv_heads != self.n_heads)
-        y = y.transpose(1, 2).reshape(B, T, -1)
-        return self.out(y if self.gate is None else y * self.gate(x).sigmoid())
-
-    # The cache: K and V of n_kv_heads heads per position (model/kv_cache.py); a local layer holds its window
-    PER_POSITION = PerPosition(
-        name="heads", label="K/V heads", title="KV cache",
-        fields=(CacheField("kv_heads", "H_kv", "K/V heads H_kv", "K/V heads per layer (H_kv)"),
-                CacheField("head_dim", "d_head", "head dim d_head", "each K and V head's dims (d_head)")),
-        terms=((2, ("kv_heads", "head_dim")),), text="2 (K, V) x {kv_heads} KV heads x {head_dim} head dim")
-
-    @staticmethod
-    def cache_dims(cfg) -> dict[str, int]:
-        """The widths PER_POSITION reads, of a model of these settings."""
-        return {"kv_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim}
-
-    @classmethod
-    def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:
-        """What new_cache allocates for `positions` in block `layer`: a local one holds min(window, positions)."""
-        held = min(cfg.layer_windows[layer] or positions, positions)
-        return held * cls.PER_POSITION.elements(cls.cache_dims(cfg)) * batch * bytes_per_element
-
-    def new_cache(self, batch: int, max_len: int, dtype: torch.dtype, device: torch.device | str,
-                  sink_tokens: int | None = None) -> FullCache:
-        """This layer's cache of max_len positions: a window shorter than max_len rolls through it; otherwise, with
-        sink_tokens S, it streams past max_len keeping the first S positions (S = 0: the window alone)."""
-        sizes = (batch, self.n_kv_heads, max_len, self.head_dim, self.head_dim)
-        if self.rolls(max_len):
-            return RollingCache(*sizes, self.window, dtype, device)
-        if sink_tokens is not None:
-            return StreamingCache(*sizes, sink_tokens, self.rotary, dtype, device)
-        return FullCache(*sizes, dtype=dtype, device=device)
-
-    def rolls(self, max_len: int) -> bool:
-        """Whether this layer's cache of max_len positions goes on past them by itself: a window shorter than it."""
-        return self.window is not None and self.window < max_len
-
-    @staticmethod
-    def stream_refusal(cfg) -> str | None:
-        """Why this kind's cache cannot stream with sink tokens (None: it can, as a StreamingCache)."""
-        return None
-
-    def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
-        """For each head the cache holds, the projection and its rows that make that head's values: V head j's
-        among the stacked [Wq; Wk; Wv] (insight's wiring probe zeroes them)."""
-        H, H_kv, D = self.n_heads, self.n_kv_heads, self.head_dim
-        return [(self.qkv, slice((H + H_kv + j) * D, (H + H_kv + j + 1) * D)) for j in range(H_kv)]
 
 
 def mean_keys_seen(seq_len: int, window: int | None) -> float:

@@ -14,7 +14,7 @@ from torch import nn
 from model.attention import Attention
 from model.ffn import FeedForward
 from model.gated_deltanet import GatedDeltaNet
-from model.kv_cache import FullCache, StateCache
+from model.interfaces import FeedForwardKind, LayerCache, Mixer
 from model.mla import LatentAttention
 from model.moe import MoE
 from model.norms import make_norm
@@ -29,14 +29,14 @@ ATTENTION_KINDS = (Attention, *ATTENTION_CLASSES.values())  # the first: the est
 FFN_KINDS = (FeedForward, *FFN_CLASSES.values())
 
 
-def attention_class(cfg, layer: int | None = None) -> type[Attention] | type[LatentAttention] | type[GatedDeltaNet]:
+def attention_class(cfg, layer: int | None = None) -> type[Mixer]:
     """Block `layer`'s attention kind (None: the model's own, which may make some blocks attention: a Gated DeltaNet
     hybrid): what it caches and can do at generation, asked of the class where there is no model (the estimators)."""
     kind = ATTENTION_CLASSES.get(cfg.attention, Attention)
     return kind if layer is None else kind.layer_class(cfg, layer)
 
 
-def ffn_class(cfg, layer: int | None = None) -> type[FeedForward] | type[MoE]:
+def ffn_class(cfg, layer: int | None = None) -> type[FeedForwardKind]:
     """Block `layer`'s FFN kind (None: the model's own, past an MoE's model.dense_layers dense SwiGLU blocks)."""
     kind = FFN_CLASSES.get(cfg.ffn, FeedForward)
     return kind if layer is None or layer >= cfg.dense_layers else FeedForward
@@ -69,21 +69,15 @@ class Block(nn.Module):
         GPT-2's scaled init draws again (model/transformer.py)."""
         return [*self.attn.residual_weights(), *self.ffn.residual_weights()]
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: FullCache | StateCache | None = None,
+    def forward(self, x: torch.Tensor, start: int = 0, cache: LayerCache | None = None,
                 value_embedding: torch.Tensor | None = None) -> torch.Tensor:
         """value_embedding: [B, T, H_kv D], this block's table of the tokens for its values (model/value_embeddings.py:
         only a kind with a value_width gets one), or None."""
         if self.pre_norm:
-            x = x + self.dropout(self.attend(self.attn_norm(x), start, cache, value_embedding))
+            x = x + self.dropout(self.attn(self.attn_norm(x), start, cache, value_embedding))
             return x + self.dropout(self.ffn(self.ffn_norm(x)))
-        x = self.attn_norm(x + self.dropout(self.attend(x, start, cache, value_embedding)))
+        x = self.attn_norm(x + self.dropout(self.attn(x, start, cache, value_embedding)))
         return self.ffn_norm(x + self.dropout(self.ffn(x)))
-
-    def attend(self, x: torch.Tensor, start: int, cache: FullCache | StateCache | None,
-               value_embedding: torch.Tensor | None) -> torch.Tensor:
-        if value_embedding is None:
-            return self.attn(x, start, cache)
-        return self.attn(x, start, cache, value_embedding)
 
 
 def final_norm(cfg) -> nn.Module | None:

@@ -29,6 +29,10 @@ ATTENTIONS = ("gqa", "mha", "mqa", "mla", "gated_deltanet")  # the attention gro
 FFNS = ("swiglu", "relu", "gelu", "relu2", "moe")
 QK_NORMS = ("none", "rmsnorm")
 EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: model/transformer.py
+# The capped logits lie within +-c: two tokens' probabilities differ by a factor of at most e^2c, and the loss falls
+# at most 2c nats below ln V. At c = 1e-3 that is 0.002 nats, a model that cannot learn; below 2^-25 float32 rounds
+# e^-2c to 1 and the softmax is exactly uniform (1e-30 trained at ln V). The caps in use are 15 to 30.
+MIN_LOGIT_SOFTCAP = 1e-3
 
 
 def local_layers(pattern: str, n_layers: int) -> list[bool]:
@@ -246,6 +250,11 @@ class ModelConfig:
             raise ConfigError(f"model.dropout={self.dropout!r} must be a number in [0, 1)")
         if self.logit_softcap is not None and not (is_number(self.logit_softcap) and 0 < self.logit_softcap < math.inf):
             raise ConfigError(f"model.logit_softcap={self.logit_softcap!r} must be a positive number, or null for none")
+        if self.logit_softcap is not None and self.logit_softcap < MIN_LOGIT_SOFTCAP:
+            raise ConfigError(f"model.logit_softcap={self.logit_softcap} must be at least {MIN_LOGIT_SOFTCAP}: the "
+                              f"capped logits lie within +-{self.logit_softcap}, so the loss can fall at most "
+                              f"{2 * self.logit_softcap:g} nats below its untrained ln vocab_size and the model learns "
+                              f"nothing (Gemma 2 caps at 30, modded-nanogpt's records at 15 to 30)")
         validate_value_embeddings(self)
         for key in ("bias", "tie_embeddings", "residual_scalars"):
             if not isinstance(getattr(self, key), bool):

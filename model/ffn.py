@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.interfaces import FeedForwardKind
+
 
 def relu_squared(x: torch.Tensor) -> torch.Tensor:
     """So et al. 2021: ReLU's zeros, and a square that grows the large activations faster than the small."""
@@ -33,45 +35,16 @@ def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:
     return 4 * d_model
 
 
-class FeedForward(nn.Module):
-    @classmethod
-    def validate(cls, cfg) -> None:
-        """Its settings (model.d_ff, ffn_multiple_of) are every FFN's, checked by ModelConfig."""
-
-    @classmethod
-    def refuse_settings(cls, cfg) -> None:
-        """Its settings are every FFN's: an MoE's shared experts and dense first blocks are SwiGLUs too."""
-
-    @classmethod
-    def from_config(cls, cfg) -> "FeedForward":
-        """A dense block's FFN: model.ffn's kind (an MoE's dense first blocks: SwiGLU), of the width it gives d_ff."""
-        return cls(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)
-
+class FeedForward(FeedForwardKind):
     def __init__(self, d_model: int, d_ff: int, kind: str, bias: bool):
         super().__init__()
+        self.kind = kind
         self.gated = kind == "swiglu"
         self.activation = ACTIVATIONS[kind]
-        self.hidden_activation = HIDDEN_ACTIVATIONS[kind]  # what hidden_activations reads, named
         # Gated: W1 and W3 stacked [W1; W3] into one matmul, then split (stacked_rows: as in attention.py).
         self.w_in = nn.Linear(d_model, (2 if self.gated else 1) * d_ff, bias=bias)
         self.w_in.stacked_rows = (2 if self.gated else 1) * [d_ff]
         self.w_out = nn.Linear(d_ff, d_model, bias=bias)
-
-    def residual_weights(self) -> list[nn.Parameter]:
-        """The weight this FFN writes into the residual stream with: W2 (GPT-2's scaled init)."""
-        return [self.w_out.weight]
-
-    @classmethod
-    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
-        """Forward FLOPs per token of a dense block's FFN (2 per multiply-add): 2 d d_ff per matrix, three gated
-        (SwiGLU), two otherwise; the activation is element-wise and not counted. Any seq_len: each token alone."""
-        return 2 * cfg.d_model * cfg.ffn_width * (3 if cfg.dense_ffn == "swiglu" else 2)
-
-    def hidden_activations(self, x: torch.Tensor) -> torch.Tensor:
-        """What looks inside the model (insight/) reads of its hidden units for inputs x [..., d], flattened: the
-        activation of x W1 (SwiGLU's gate, before it multiplies x W3; ReLU²'s square, what W2 reads)."""
-        h = self.w_in(x)
-        return self.activation(h.chunk(2, dim=-1)[0] if self.gated else h).flatten()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)
@@ -81,3 +54,37 @@ class FeedForward(nn.Module):
         else:
             h = self.activation(h)
         return self.w_out(h)
+
+    # -------- its answers to the repo (model/interfaces.py's FeedForwardKind)
+    @classmethod
+    def from_config(cls, cfg) -> "FeedForward":
+        """A dense block's FFN: model.ffn's kind (an MoE's dense first blocks: SwiGLU), of the width it gives d_ff."""
+        return cls(cfg.d_model, cfg.ffn_width, cfg.dense_ffn, cfg.bias)
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """W2 (GPT-2's scaled init)."""
+        return [self.w_out.weight]
+
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """2 d d_ff per matrix (2 per multiply-add), three gated (SwiGLU), two otherwise; the activation is
+        element-wise and not counted. Any seq_len: each token alone."""
+        return 2 * cfg.d_model * cfg.ffn_width * (3 if cfg.dense_ffn == "swiglu" else 2)
+
+    def hidden_activations(self, x: torch.Tensor) -> torch.Tensor:
+        """The activation of x W1 (SwiGLU's gate, before it multiplies x W3; ReLU²'s square, what W2 reads)."""
+        h = self.w_in(x)
+        return self.activation(h.chunk(2, dim=-1)[0] if self.gated else h).flatten()
+
+    @property
+    def hidden_activation(self) -> str:
+        return HIDDEN_ACTIVATIONS[self.kind]
+
+    # -------- its settings
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """Its settings (model.d_ff, ffn_multiple_of) are every FFN's, checked by ModelConfig."""
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """Its settings are every FFN's: an MoE's shared experts and dense first blocks are SwiGLUs too."""

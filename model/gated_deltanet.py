@@ -41,13 +41,16 @@ from torch import nn
 from errors import ConfigError
 from model.attention import WINDOW_PATTERNS, Attention, local_run_of
 from model.checks import is_whole, refuse_set
+from model.interfaces import Mixer
 from model.kv_cache import CacheField, PerPosition, StateCache
 from model.norms import RMSNorm
 from model.positions import Rotary
 
 L2_EPS = 1e-6  # inside the square root of q's and k's L2 norms, as FLA's kernels and transformers' Qwen3.5 have it
 SIZES = ("linear_key_heads", "linear_value_heads", "linear_head_dim")  # beside model.linear_pattern, which chooses it
-ATTENTION_SETTINGS = {"attention_gate": False, "rotary_fraction": 1.0, "qk_norm": "none"}  # its attention layers'
+# its attention layers' settings: each one's default, and the override that restores it
+ATTENTION_SETTINGS = {"attention_gate": (False, "model.attention_gate=false"),
+                      "rotary_fraction": (1.0, "model.rotary_fraction=1.0"), "qk_norm": ("none", "qk_norm=none")}
 
 
 def l2_normalised(x: torch.Tensor) -> torch.Tensor:
@@ -113,74 +116,9 @@ def chunked_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, log_de
     return torch.cat(outputs, dim=2)[:, :, :T], state
 
 
-class GatedDeltaNet(nn.Module):
-    window = sinks = None  # no band mask, no sink logit: validate refuses them
-    rotary = None  # no positions: the conv and the gate carry order
-
-    @staticmethod
-    def value_width(cfg) -> None:
-        """None: its values go into the state, no value embedding adds to them (model/value_embeddings.py)."""
-        return None
-
-    @classmethod
-    def validate(cls, cfg) -> None:
-        """The rules of its own settings (model.linear_pattern and SIZES, linear_conv, linear_chunk) and of its
-        attention layers' (Attention.validate), and the settings it cannot take: a ConfigError naming the first one
-        broken."""
-        pattern = cfg.linear_pattern
-        if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
-            raise ConfigError(f"model.linear_pattern={pattern!r} must be {WINDOW_PATTERNS.replace('local', 'linear')}"
-                              f", or null for attention in every layer")
-        if not isinstance(cfg.linear_delta_rule, bool):
-            raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} must be true or false")
-        for key in (*SIZES, "linear_conv", "linear_chunk"):
-            value = getattr(cfg, key)
-            if value is not None and not is_whole(value):
-                raise ConfigError(f"model.{key}={value!r} must be a positive integer")
-        if cfg.n_linear_value_heads % cfg.n_linear_key_heads:
-            raise ConfigError(f"model.linear_value_heads={cfg.n_linear_value_heads} must be a multiple of "
-                              f"model.linear_key_heads={cfg.n_linear_key_heads}: each key head serves a group of "
-                              f"value heads")
-        if cfg.linear_conv < 2:
-            raise ConfigError(f"model.linear_conv={cfg.linear_conv} must be at least 2: the causal conv mixes each "
-                              f"position with the ones before it (Qwen3.5's is 4)")
-        Attention.validate(cfg)
-        if cfg.window is not None or cfg.sinks:
-            setting = f"model.window={cfg.window}" if cfg.window is not None else "model.sinks=true"
-            raise ConfigError(f"{setting} with model.linear_pattern={pattern}: the hybrid's attention layers are "
-                              f"global here (Qwen3-Next's and Qwen3.5's), and a linear layer has no keys to window")
-        if pattern == "all":  # no attention layer: the attention's own switches would change nothing (an N:1 pattern
-            # deeper than the model, all linear at its depth, is taken as the window's 5:1 at 4 layers is)
-            changed = [f"model.{key}={getattr(cfg, key)}" for key, default in ATTENTION_SETTINGS.items()
-                       if getattr(cfg, key) != default]
-            changed += ["model.position=rope"] * (cfg.position == "rope")
-            if changed:
-                raise ConfigError(f"{changed[0]} with model.linear_pattern=all: no layer is attention, so it would "
-                                  f"change nothing (the linear layers read order from their conv and gate, and "
-                                  f"L2-normalise q and k themselves); use position=none, or a hybrid pattern such "
-                                  f"as model.linear_pattern=3:1")
-
-    @classmethod
-    def refuse_settings(cls, cfg) -> None:
-        """Another attention is chosen: each of SIZES is left unset, the delta rule as it is."""
-        if cfg.linear_delta_rule is not True:
-            raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} is a setting of "
-                              f"attention=gated_deltanet, but this model has no linear layer (model.linear_pattern=null)")
-        refuse_set(cfg, SIZES, "attention=gated_deltanet", "no linear layer (model.linear_pattern=null)")
-
-    @classmethod
-    def rope_dim(cls, cfg) -> int:
-        """The dims of each head RoPE rotates in the attention layers (Attention.rope_dim)."""
-        return Attention.rope_dim(cfg)
-
-    @classmethod
-    def layer_class(cls, cfg, layer: int) -> type:
-        """Block `layer`'s kind: this one where model.linear_pattern makes it linear, else attention."""
-        return cls if cfg.linear_layers[layer] else Attention
-
-    @classmethod
-    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "GatedDeltaNet":
-        return cls(cfg)
+class GatedDeltaNet(Mixer):
+    # No window, no RoPE, no softmax logits and no value embedding (its values go into the state): the Mixer's
+    # defaults
 
     def __init__(self, cfg):
         super().__init__()
@@ -203,26 +141,22 @@ class GatedDeltaNet(nn.Module):
         self.norm = RMSNorm(D, cfg.norm_eps)
         self.out = nn.Linear(H_v * D, d, bias=cfg.bias)
 
-    def residual_weights(self) -> list[nn.Parameter]:
-        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
-        return [self.out.weight]
+    def forward(self, x: torch.Tensor, start: int = 0, cache: StateCache | None = None,
+                value_embedding: torch.Tensor | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        held = cache.read(start, T) if cache is not None else None
+        q, k, v, log_decay, beta, history = self.projections(x, None if held is None else held["conv"])
+        state = q.new_zeros(B, self.value_heads, self.head_dim, self.head_dim) if held is None else held["state"]
+        if T == 1 and held is not None:  # a decode step: the recurrence itself
+            o, state = recurrent_delta_rule(q, k, v, log_decay, beta, state)
+        else:
+            o, state = chunked_delta_rule(q, k, v, log_decay, beta, state, self.chunk)
+        if cache is not None:
+            cache.write({"state": state, "conv": history})
+        y = self.norm(o.transpose(1, 2)) * F.silu(self.gate(x).view(B, T, self.value_heads, self.head_dim))
+        return self.out(y.flatten(2))
 
-    @classmethod
-    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
-        """Forward FLOPs per token (2 per multiply-add), the same at any length: the projections W_qkv, W_a, W_b, W_z
-        and W_o, the conv's K taps per channel, and the recurrence's three products with the state per value head
-        (k^T S, the rank-one write, S^T q: 2 d_k d_v each). The chunked form that training runs spends more (its
-        C x C products), which this does not count, as the attention's count leaves out a kernel's masked work."""
-        H_k, H_v, D, d = cfg.n_linear_key_heads, cfg.n_linear_value_heads, cfg.linear_dim, cfg.d_model
-        channels, delta = (2 * H_k + H_v) * D, cfg.linear_delta_rule  # without the delta rule: no W_b, no k^T S
-        projections = 2 * d * channels + 2 * d * (1 + delta) * H_v + 2 * d * H_v * D + 2 * H_v * D * d
-        return projections + 2 * cfg.linear_conv * channels + (2 + delta) * 2 * H_v * D * D
-
-    def logit_bound(self) -> None:
-        """No softmax logits (Attention.logit_bound)."""
-        return None
-
-    def heads(self, x: torch.Tensor, history: torch.Tensor | None = None):
+    def projections(self, x: torch.Tensor, history: torch.Tensor | None = None):
         """q, k [B, H_v, T, D] (normalised, q scaled, each key head repeated for its value heads), v [B, H_v, T, D],
         log alpha and beta [B, H_v, T], and the conv's last K - 1 inputs after x; history: those before x (None:
         zeros, a sequence's start)."""
@@ -242,26 +176,30 @@ class GatedDeltaNet(nn.Module):
         beta = None if self.beta_proj is None else self.beta_proj(x).sigmoid().transpose(1, 2)
         return q / math.sqrt(D), k, v, log_decay.transpose(1, 2), beta, history
 
-    def forward(self, x: torch.Tensor, start: int = 0, cache: StateCache | None = None) -> torch.Tensor:
-        B, T, _ = x.shape
-        held = cache.read(start, T) if cache is not None else None
-        q, k, v, log_decay, beta, history = self.heads(x, None if held is None else held["conv"])
-        state = q.new_zeros(B, self.value_heads, self.head_dim, self.head_dim) if held is None else held["state"]
-        if T == 1 and held is not None:  # a decode step: the recurrence itself
-            o, state = recurrent_delta_rule(q, k, v, log_decay, beta, state)
-        else:
-            o, state = chunked_delta_rule(q, k, v, log_decay, beta, state, self.chunk)
-        if cache is not None:
-            cache.write({"state": state, "conv": history})
-        y = self.norm(o.transpose(1, 2)) * F.silu(self.gate(x).view(B, T, self.value_heads, self.head_dim))
-        return self.out(y.flatten(2))
+    # -------- its answers to the repo (model/interfaces.py's Mixer)
+    @classmethod
+    def from_config(cls, cfg, layer: int, rotary: Rotary | None) -> "GatedDeltaNet":
+        return cls(cfg)
 
-    def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """What each position reads of each earlier one, for what looks inside the model (insight/): the gate-faded
-        q . k, (Gamma_i / Gamma_j) q_i . k_j for j <= i, [B, H_v, T, T] over x's own positions: o would be these
-        times the values if the delta rule corrected nothing. Rows need not sum to 1."""
-        q, k, _, log_decay, _, _ = self.heads(x)
-        return (q @ k.transpose(-1, -2)) * faded(log_decay.cumsum(-1))
+    @classmethod
+    def layer_class(cls, cfg, layer: int) -> type:
+        """Block `layer`'s kind: this one where model.linear_pattern makes it linear, else attention."""
+        return cls if cfg.linear_layers[layer] else Attention
+
+    def residual_weights(self) -> list[nn.Parameter]:
+        """The weight this branch writes into the residual stream with: W_o (GPT-2's scaled init)."""
+        return [self.out.weight]
+
+    @classmethod
+    def flops_per_token(cls, cfg, layer: int, seq_len: int) -> float:
+        """Forward FLOPs per token (2 per multiply-add), the same at any length: the projections W_qkv, W_a, W_b, W_z
+        and W_o, the conv's K taps per channel, and the recurrence's three products with the state per value head
+        (k^T S, the rank-one write, S^T q: 2 d_k d_v each). The chunked form that training runs spends more (its
+        C x C products), which this does not count, as the attention's count leaves out a kernel's masked work."""
+        H_k, H_v, D, d = cfg.n_linear_key_heads, cfg.n_linear_value_heads, cfg.linear_dim, cfg.d_model
+        channels, delta = (2 * H_k + H_v) * D, cfg.linear_delta_rule  # without the delta rule: no W_b, no k^T S
+        projections = 2 * d * channels + 2 * d * (1 + delta) * H_v + 2 * d * H_v * D + 2 * H_v * D * d
+        return projections + 2 * cfg.linear_conv * channels + (2 + delta) * 2 * H_v * D * D
 
     # The cache: its attention layers' K and V per position (a hybrid's; Attention's), and per linear layer a fixed
     # state (PerPosition.state_terms): S and the conv's history
@@ -315,7 +253,71 @@ class GatedDeltaNet(nn.Module):
                     "by itself and keeps no positions")
         return None
 
+    def weights(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """What each position reads of each earlier one, for what looks inside the model (insight/): the gate-faded
+        q . k, (Gamma_i / Gamma_j) q_i . k_j for j <= i, [B, H_v, T, T] over x's own positions: o would be these
+        times the values if the delta rule corrected nothing. Rows need not sum to 1."""
+        q, k, _, log_decay, _, _ = self.projections(x)
+        return (q @ k.transpose(-1, -2)) * faded(log_decay.cumsum(-1))
+
     def cached_value_rows(self) -> list[tuple[nn.Linear, slice]]:
         """For each value head, the rows of [W_q; W_k; W_v] that make its values (insight's wiring probe zeroes them)."""
         H_k, D = self.key_heads, self.head_dim
         return [(self.qkv, slice((2 * H_k + j) * D, (2 * H_k + j + 1) * D)) for j in range(self.value_heads)]
+
+    @property
+    def output_heads(self) -> int:
+        """The value heads, each d_v wide."""
+        return self.value_heads
+
+    # -------- its settings
+    @classmethod
+    def validate(cls, cfg) -> None:
+        """The rules of its own settings (model.linear_pattern and SIZES, linear_conv, linear_chunk) and of its
+        attention layers' (Attention.validate), and the settings it cannot take: a ConfigError naming the first one
+        broken."""
+        pattern = cfg.linear_pattern
+        if pattern not in ("all", "alternate") and local_run_of(pattern) is None:
+            raise ConfigError(f"model.linear_pattern={pattern!r} must be {WINDOW_PATTERNS.replace('local', 'linear')}"
+                              f", or null for attention in every layer")
+        if pattern != "all" and all(cfg.linear_layers):  # too few layers to reach the pattern's attention layer
+            first = 1 if pattern == "alternate" else local_run_of(pattern)
+            raise ConfigError(f"model.n_layers={cfg.n_layers} with model.linear_pattern={pattern} makes every layer "
+                              f"linear (its first attention layer is layer {first}, counting from 0); use "
+                              f"model.n_layers>={first + 1}, or model.linear_pattern=all for an all-linear model")
+        if not isinstance(cfg.linear_delta_rule, bool):
+            raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} must be true or false")
+        for key in (*SIZES, "linear_conv", "linear_chunk"):
+            value = getattr(cfg, key)
+            if value is not None and not is_whole(value):
+                raise ConfigError(f"model.{key}={value!r} must be a positive integer")
+        if cfg.n_linear_value_heads % cfg.n_linear_key_heads:
+            raise ConfigError(f"model.linear_value_heads={cfg.n_linear_value_heads} must be a multiple of "
+                              f"model.linear_key_heads={cfg.n_linear_key_heads}: each key head serves a group of "
+                              f"value heads")
+        if cfg.linear_conv < 2:
+            raise ConfigError(f"model.linear_conv={cfg.linear_conv} must be at least 2: the causal conv mixes each "
+                              f"position with the ones before it (Qwen3.5's is 4)")
+        Attention.validate(cfg)
+        if cfg.window is not None or cfg.sinks:
+            setting = f"model.window={cfg.window}" if cfg.window is not None else "model.sinks=true"
+            raise ConfigError(f"{setting} with model.linear_pattern={pattern}: the hybrid's attention layers are "
+                              f"global here (Qwen3-Next's and Qwen3.5's), and a linear layer has no keys to window")
+        if pattern == "all":  # no attention layer: the attention's own switches would change nothing
+            changed = [(f"model.{key}={getattr(cfg, key)}", instead) for key, (default, instead)
+                       in ATTENTION_SETTINGS.items() if getattr(cfg, key) != default]
+            changed += [("model.position=rope", "position=none")] * (cfg.position == "rope")
+            if changed:
+                setting, instead = changed[0]  # advice that undoes this one, not a setting already in place
+                raise ConfigError(f"{setting} with model.linear_pattern=all: no layer is attention, so it would "
+                                  f"change nothing (the linear layers read order from their conv and gate, and "
+                                  f"L2-normalise q and k themselves); use {instead}, or a hybrid pattern such "
+                                  f"as model.linear_pattern=3:1")
+
+    @classmethod
+    def refuse_settings(cls, cfg) -> None:
+        """Another attention is chosen: each of SIZES is left unset, the delta rule as it is."""
+        if cfg.linear_delta_rule is not True:
+            raise ConfigError(f"model.linear_delta_rule={cfg.linear_delta_rule!r} is a setting of "
+                              f"attention=gated_deltanet, but this model has no linear layer (model.linear_pattern=null)")
+        refuse_set(cfg, SIZES, "attention=gated_deltanet", "no linear layer (model.linear_pattern=null)")

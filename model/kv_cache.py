@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model.interfaces import LayerCache
 from model.positions import Rotary
 
 
@@ -88,12 +89,12 @@ class PerPosition:
                                    for field in self.fields})
 
 
-class FullCache:
+class FullCache(LayerCache):
     """Every position in its own slot, in order: keys [batch, heads, max_len, key_dim], values [..., value_dim]."""
 
     def __init__(self, batch: int, heads: int, max_len: int, key_dim: int, value_dim: int, slots: int | None = None,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
-        self.max_len = max_len
+        super().__init__(max_len)
         self.keys = torch.zeros(batch, heads, slots or max_len, key_dim, dtype=dtype, device=device)
         self.values = torch.zeros(batch, heads, slots or max_len, value_dim, dtype=dtype, device=device)
 
@@ -188,7 +189,7 @@ class StreamingCache(FullCache):
         return self.keys, self.values, None
 
 
-class StateCache:
+class StateCache(LayerCache):
     """A linear layer's cache: a fixed-size state that each forward reads and replaces, whatever the position
     (model/gated_deltanet.py). A forward at position 0 starts from zeros: a new sequence, or a slid window read
     again; any other start must be where the last forward ended. tensors: name -> (shape without the batch); the
@@ -196,7 +197,7 @@ class StateCache:
 
     def __init__(self, batch: int, max_len: int, tensors: dict[str, tuple[int, ...]], dtype: torch.dtype,
                  device: torch.device | str):
-        self.max_len = max_len  # the generation's positions; the state does not depend on them
+        super().__init__(max_len)  # the generation's positions; the state does not depend on them
         self.tensors = {name: torch.zeros(batch, *shape, dtype=dtype, device=device) for name, shape in tensors.items()}
         self.position = 0  # where the next forward starts
 
@@ -224,10 +225,13 @@ class StateCache:
         self.position = source.position
 
 
+CACHE_KINDS = (FullCache, RollingCache, StreamingCache, StateCache)  # what the mixers' new_cache build
+
+
 class KVCache:
     """A generation's cache: its layers' caches, in the blocks' order, and what they hold together."""
 
-    def __init__(self, layers: list[FullCache | StateCache]):
+    def __init__(self, layers: list[LayerCache]):
         self.layers = layers
 
     @property

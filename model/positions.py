@@ -26,10 +26,11 @@ import torch
 from torch import nn
 
 from errors import ConfigError
+from model.interfaces import PositionKind
 from model.rope_scaling import rope_frequencies, scaling_stream_refusal
 
 
-class Rotary(nn.Module):
+class Rotary(PositionKind):
     """cos/sin tables for positions 0 .. n - 1, grown (fit) whenever a longer sequence comes; theta_i as
     model.rope_scaling makes them (model/rope_scaling.py)."""
 
@@ -85,7 +86,7 @@ def sinusoidal_table(max_len: int, dim: int) -> torch.Tensor:
     return table.float()
 
 
-class AbsolutePositions(nn.Module):
+class AbsolutePositions(PositionKind):
     """Adds PE[start : start + seq] to token embeddings; the table is fixed (sinusoidal, computed for any
     length) or trained (learned, its context_length rows and no more)."""
 
@@ -120,6 +121,9 @@ class AbsolutePositions(nn.Module):
         kind = "learned" if self.learned else "sinusoidal"
         return (f"with model.position={kind}: StreamingLLM gives the cached tokens positions within the cache, which "
                 f"RoPE's rotations (or no positions) allow and a table added to the embeddings does not")
+
+
+POSITION_KINDS = (Rotary, AbsolutePositions)  # what make_positions builds: the registry the interface test reads
 
 
 class PositionsError(ConfigError):

@@ -21,7 +21,8 @@ The ramp: the pair that turns n times in L0 positions is i(n) = D ln(L0 / (2 pi 
 r_i = clamp((i - floor(i(beta_fast))) / (ceil(i(beta_slow)) - floor(i(beta_fast))), 0, 1).
 
 These are transformers' definitions (rope_type linear, dynamic and yarn; ntk is its default type with the larger
-base), computed in float32 in the same order, so the cos/sin tables agree bit for bit (tests/test_rope_scaling.py).
+base), computed in float32 in the same order, so the cos/sin tables agree to 1e-10 (tests/test_long_context.py's
+test_rope_tables_equal_transformers_past_the_original_context).
 """
 import math
 

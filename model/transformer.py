@@ -103,16 +103,15 @@ class Transformer(nn.Module):
         the components that have them (take_aux_losses: an MoE's router_aux and router_z, model/moe.py), each the
         mean over the blocks that give it, so that its weight means the same at any depth; {} where none has any."""
         by_name = {}
-        for module in self.blocks.modules():
-            for name, value in (module.take_aux_losses() if hasattr(module, "take_aux_losses") else {}).items():
+        for block in self.blocks:
+            for name, value in block.ffn.take_aux_losses().items():
                 by_name.setdefault(name, []).append(value)
         return {name: sum(values) / len(values) for name, values in by_name.items()}
 
     def aux_loss(self, losses: dict[str, torch.Tensor]) -> torch.Tensor | float:
         """What aux_losses add to the language-model loss: each by the weight its component gives it (aux_weights:
         an MoE's model.router_aux_coef and model.router_z_coef), 0 where there are none."""
-        weights = {name: weight for module in self.blocks.modules() for name, weight in
-                   getattr(module, "aux_weights", {}).items()}
+        weights = {name: weight for block in self.blocks for name, weight in block.ffn.aux_weights.items()}
         return sum((weights[name] * value for name, value in losses.items()), 0.0)
 
     @torch.no_grad()
@@ -120,9 +119,8 @@ class Transformer(nn.Module):
         """What the components update after each optimizer step, outside the gradient, in block order (an MoE's
         loss-free bias from that step's expert choices, model/moe.py); reduce(tensor) gives a tensor's sum over the
         processes (identity in one process)."""
-        for module in self.blocks.modules():
-            if hasattr(module, "after_optimizer_step"):
-                module.after_optimizer_step(reduce)
+        for block in self.blocks:
+            block.ffn.after_optimizer_step(reduce)
 
     def kv_cache_bytes_per_token(self, dtype: torch.dtype = torch.float32) -> int:
         """What one more position costs the cache, over every layer: a second position's bytes less the first's, so

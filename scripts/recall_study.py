@@ -35,19 +35,23 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cli import ascii_numbers, run_command  # noqa: E402  (after the path: run as a script from anywhere)
+from cli import ascii_numbers  # noqa: E402  (after the path: run as a script from anywhere)
 from data.recall import IGNORE, recall_batch  # noqa: E402
 from errors import UsageError  # noqa: E402
 from model import Transformer  # noqa: E402
 from scripts.recall_probe import recall_accuracy  # noqa: E402
 from settings import compose_config  # noqa: E402
 from storage.files import write_json  # noqa: E402
+from study.launch import run_main  # noqa: E402
 from study.tables import fmt_mean_std  # noqa: E402
 from training.config import model_config  # noqa: E402
 from training.optim import lr_at, make_optimizer, set_lr  # noqa: E402
 
 VARIANTS = ["baseline", "gdn_hybrid", "gdn_all"]
 PAIRS = [4, 8, 16, 32]
+# what a stop keeps: each run trains in this process and writes its result.json at its end, and has no checkpoint
+RESUMES = ("a run in progress is dropped; the same command resumes the study (runs with a result.json are kept, the "
+           "others train from the start)")
 
 
 def parse_args(argv):
@@ -189,9 +193,9 @@ def study(args) -> None:
                                "runs": [run for runs in seeds.values() for run in runs]})
 
 
-def main(argv=None) -> int:
-    return run_command(lambda: study(parse_args(argv)))
+def main(argv=None) -> None:
+    run_main(lambda: study(parse_args(argv)), RESUMES)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from cli import run_command
 from errors import UsageError
@@ -50,17 +50,17 @@ def study_dir(out: Path):
         yield
 
 
-def check_overrides(overrides: list[str], points: list, experiment: str = "ablation") -> None:
+def check_overrides(overrides: list[str], points: list, experiment: str = "ablation") -> DictConfig:
     """The overrides after --, refused before anything is written: one that sets what the study's points set
     themselves (a point's config would lose to it), and any that cannot be composed (a mistyped key or value, an
-    unknown launcher or one whose plugin is not installed)."""
+    unknown launcher or one whose plugin is not installed). Returns the first point's config, hydra's included."""
     own = set(PLACEMENT).union(*(point.settings() for point in points))
     for override in overrides:
         key = override.split("=")[0].lstrip("+~")
         if key in own:
             raise UsageError(f"{override}: the study sets {key} for each run itself")
-    compose_config([f"+experiment={experiment}", f"ablation={points[0].variant}", *overrides],
-                   return_hydra_config=True)
+    return compose_config([f"+experiment={experiment}", f"ablation={points[0].variant}", *overrides],
+                          return_hydra_config=True)
 
 
 def launch(points: list, out: Path, overrides: list[str], stage: str, done: list, experiment: str = "ablation") -> None:
@@ -163,15 +163,18 @@ def write_point_config(plan: Path, point) -> None:
                       f"{OmegaConf.to_yaml(settings)}")
 
 
-def run_main(study) -> None:
-    """Runs a study as a script does: bad input is one `error:` line and exit 2; a signal one line and 128 + its
-    number (130 for Ctrl-C)."""
+RESUMES = ("the runs in progress saved a checkpoint and stopped; the same command resumes the study (finished runs "
+           "are kept, stopped ones continue from their checkpoints)")  # a study of train.py runs
+
+
+def run_main(study, resumes: str = RESUMES) -> None:
+    """Runs a study as a script does: bad input is one `error:` line and exit 2; a signal one line, saying what the
+    stop kept (resumes), and 128 + its number (130 for Ctrl-C)."""
     try:
         status = run_command(study)
     except (StudyStopped, KeyboardInterrupt) as stopped:  # a KeyboardInterrupt: Ctrl-C between two stages
         signum = getattr(stopped, "signum", signal.SIGINT)
-        print(f"stopped: {signal.Signals(signum).name}: the runs in progress saved a checkpoint and stopped; the same command resumes the "
-              f"study (finished runs are kept, stopped ones continue from their checkpoints)", file=sys.stderr)
+        print(f"stopped: {signal.Signals(signum).name}: {resumes}", file=sys.stderr)
         sys.exit(128 + signum)
     if status:
         sys.exit(status)

@@ -15,8 +15,8 @@ from processes import Descendants
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Matmuls this small gain nothing from a second thread, and on a busy CPU handing each of
-    thousands of them to the thread pool costs more than the work (test_model's 384-combination test:
-    23 s with 2 threads, 2 s with 1, on 2 cores shared with other jobs)."""
+    thousands of them to the thread pool costs more than the work (test_model's tests over every
+    combination of its settings, measured in docs/setup.md#one-thread-per-test-process)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -55,16 +55,16 @@ def test_quick_run_writes_every_figure(tmp_path):
         low, high = row["tokens_per_s_range"]
         assert low <= row["tokens_per_s"] <= high, name
         assert 0 < row["mfu"] < 1, name  # a share of the measured peak
-    # Quick dims: vocab 256, d 64, 2 layers, 4 heads of 16 dims, 2 K/V heads, SwiGLU d_ff 192, context 32;
+    # Quick dims: vocab 256, d 64, 4 layers, 4 heads of 16 dims, 2 K/V heads, SwiGLU d_ff 192, context 32;
     # the GPT-2 configuration: 4 K/V heads, GELU d_ff 256.
-    llama = 2 * (64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 256 * 64  # + the tied LM head
-    gpt2 = 2 * (3 * 64 * 64 + 64 * 64 + 2 * 64 * 256) + 256 * 64
-    attention = 3 * 2 * (2 * 2 * 64 * 33 / 2)  # x3, 2 layers, q k^T and att v over (T + 1) / 2 keys on average
+    llama = 4 * (64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 256 * 64  # + the tied LM head
+    gpt2 = 4 * (3 * 64 * 64 + 64 * 64 + 2 * 64 * 256) + 256 * 64
+    attention = 3 * 4 * (2 * 2 * 64 * 33 / 2)  # x3, 4 layers, q k^T and att v over (T + 1) / 2 keys on average
     assert training["llama_tiny"]["flops_per_token"] == 6 * llama + attention
     assert training["transformers LlamaForCausalLM"]["flops_per_token"] == 6 * llama + attention
     assert training["GPT-2 configuration"]["flops_per_token"] == 6 * gpt2 + attention
     assert training["transformers GPT2LMHeadModel"]["flops_per_token"] == 6 * gpt2 + attention
-    n_params = 256 * 64 + 2 * (2 * 64 + 64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 64  # norms' gains too
+    n_params = 256 * 64 + 4 * (2 * 64 + 64 * (4 + 2 * 2) * 16 + 64 * 64 + 3 * 64 * 192) + 64  # norms' gains too
     assert result["weight_bytes"] == 4 * n_params
     # every target in benchmarks.tables.TARGETS whose rows ran is judged, and the printed table says what the JSON says
     assert set(result["targets_met"]) == {"train_vs_gpt2", "train_vs_hf_llama", "decode_ratio", "decode_vs_limit",
@@ -179,8 +179,8 @@ def test_caches_mode_decodes_with_each_kind_of_cache_against_gqa(long, tmp_path,
     printed, results = capsys.readouterr().out, json.loads(out.read_text())
     assert list(results) == ["batch 1", "batch 2"] and all(list(rows) == ["gqa", "mqa", "mla"]
                                                            for rows in results.values())
-    # --quick's 2 layers of 4 heads of 16 dims, fp32: GQA's 2 K/V heads, MQA's 1, MLA's 64 + 8 (kv_rank, d_R)
-    sizes = {"gqa": 2 * 2 * 2 * 16 * 4, "mqa": 2 * 2 * 1 * 16 * 4, "mla": 2 * (64 + 8) * 4}
+    # --quick's 4 layers of 4 heads of 16 dims, fp32: GQA's 2 K/V heads, MQA's 1, MLA's 64 + 8 (kv_rank, d_R)
+    sizes = {"gqa": 4 * 2 * 2 * 16 * 4, "mqa": 4 * 2 * 1 * 16 * 4, "mla": 4 * (64 + 8) * 4}
     # the prompt and the new tokens: 4 + 8, or with --long the quick context of 32 stretched 4x, filled
     positions = 4 * 32 if long else 4 + 8
     for batch, rows in results.items():
@@ -203,7 +203,7 @@ def test_streaming_mode_generates_past_the_context_three_ways(tmp_path, capsys):
     assert list(results) == ["batch 1", "batch 2"] and all(list(rows) == ["slide", "sinks", "window"]
                                                            for rows in results.values())
     for batch, rows in results.items():
-        full = 2 * 2 * 2 * 16 * 32 * int(batch.split()[1]) * 4  # K and V, 2 layers, 2 K/V heads of 16, 32 positions
+        full = 2 * 4 * 2 * 16 * 32 * int(batch.split()[1]) * 4  # K and V, 4 layers, 2 K/V heads of 16, 32 positions
         assert [row["cache_bytes"] for row in rows.values()] == [full, full, full // 4]
         assert rows["slide"]["vs_baseline"] == 1.0
         for way, row in rows.items():

@@ -7,7 +7,8 @@ import torch
 
 from model.config import ModelConfig
 from model.transformer import Transformer
-from training.diagnostics import attention_entropy, layer_stats, position_cosine
+from model.attention import attention_weights
+from training.diagnostics import layer_stats, normalised_entropy, position_cosine
 
 
 def test_position_cosine_is_one_for_identical_positions_and_zero_for_orthogonal_ones():
@@ -18,6 +19,11 @@ def test_position_cosine_is_one_for_identical_positions_and_zero_for_orthogonal_
     # two positions at 60 degrees: cos = 0.5 for the one pair (the self-similarities are left out)
     pair = torch.tensor([[[1.0, 0.0], [0.5, math.sqrt(3) / 2]]])
     assert position_cosine(pair) == pytest.approx(0.5, abs=1e-6)
+
+
+def attention_entropy(q: torch.Tensor, k: torch.Tensor) -> float:
+    """What layer_stats logs for a layer whose q and k these are (Attention.weights' softmax)."""
+    return normalised_entropy(attention_weights(q, k)).mean().item()
 
 
 def test_attention_entropy_is_one_when_uniform_and_zero_when_on_one_key():
@@ -85,3 +91,12 @@ def test_a_learned_table_starts_at_the_token_signal_rms(scale, token_rms):
     stats = embedding_parts("learned", scale)
     assert stats["diag/token_rms"] == pytest.approx(token_rms, rel=0.02)
     assert stats["diag/position_rms"] == pytest.approx(token_rms, rel=0.02)
+
+
+def test_a_linear_layer_logs_no_attention_entropy_and_the_attention_layer_does():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, context_length=16,
+                      linear_pattern="3:1")
+    stats = layer_stats(Transformer(cfg), torch.randint(64, (2, 16)), torch.randint(64, (2, 16)))
+    assert [f"diag/attn_entropy/{i}" in stats for i in range(4)] == [False, False, False, True]
+    assert 0 < stats["diag/attn_entropy/3"] <= 1 and stats["diag/stream_rms/0"] > 0

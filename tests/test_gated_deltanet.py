@@ -7,11 +7,15 @@ import math
 import pytest
 import torch
 
+from data_helpers import train_in_process
 from errors import ConfigError
 from generation.engine import Engine
+from interop_helpers import one_error_line
 from model import ModelConfig, Transformer
 from model.attention import Attention
 from model.gated_deltanet import GatedDeltaNet, chunked_delta_rule, recurrent_delta_rule
+from settings import compose_config
+from training.config import model_config
 from weights import far_from_init
 
 TINY = dict(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, context_length=16)
@@ -165,7 +169,19 @@ def test_the_gate_and_partial_rope_are_their_formulas():
 @pytest.mark.parametrize("settings, message", [
     (dict(linear_pattern="2:2"), "model.linear_pattern='2:2' must be all, alternate or N:1 (N linear layers"),
     (dict(linear_pattern="all"), "model.position=rope with model.linear_pattern=all: no layer is attention"),
-    (dict(linear_pattern="all", position="none", attention_gate=True), "model.attention_gate=True with model."),
+    # the advice undoes the setting named, not position=none, which is in place
+    (dict(linear_pattern="all", position="none", attention_gate=True), "model.attention_gate=True with model."
+     "linear_pattern=all: no layer is attention, so it would change nothing (the linear layers read order from their "
+     "conv and gate, and L2-normalise q and k themselves); use model.attention_gate=false, or a hybrid pattern such as "
+     "model.linear_pattern=3:1"),
+    (dict(linear_pattern="all", position="none", qk_norm="rmsnorm"), "; use qk_norm=none, or a hybrid pattern"),
+    # N:1 or alternate on fewer layers than reach its first attention layer: every layer linear, which only all says
+    (dict(n_layers=3, linear_pattern="3:1", attention_gate=True), "model.n_layers=3 with model.linear_pattern=3:1 "
+     "makes every layer linear (its first attention layer is layer 3, counting from 0); use model.n_layers>=4, or "
+     "model.linear_pattern=all for an all-linear model"),
+    (dict(n_layers=1, linear_pattern="alternate"), "model.n_layers=1 with model.linear_pattern=alternate makes every "
+                                                   "layer linear (its first attention layer is layer 1, counting from "
+                                                   "0); use model.n_layers>=2"),
     (dict(linear_pattern="3:1", linear_key_heads=2, linear_value_heads=3), "model.linear_value_heads=3 must be a "
                                                                           "multiple of model.linear_key_heads=2"),
     (dict(linear_pattern="3:1", window=4), "model.window=4 with model.linear_pattern=3:1: the hybrid's attention"),
@@ -179,6 +195,24 @@ def test_settings_that_cannot_be_are_refused_with_their_reason(settings, message
     with pytest.raises(ConfigError) as error:
         ModelConfig(**TINY | settings)
     assert message in str(error.value)
+
+
+def test_qwen35_tiny_shrunk_below_its_first_attention_layer_is_refused(workdir, tiny, monkeypatch, capsys):
+    """model=qwen35_tiny at 2 layers: 3:1 makes both linear, where its attention layer's gate, QK-norm and RoPE would
+    change nothing. Composed, one line naming the depth; through train.py, one line, exit 2, nothing written."""
+    with pytest.raises(ConfigError) as refused:
+        model_config(compose_config(["model=qwen35_tiny", "model.n_layers=2"]))
+    assert str(refused.value) == ("model.n_layers=2 with model.linear_pattern=3:1 makes every layer linear (its first "
+                                  "attention layer is layer 3, counting from 0); use model.n_layers>=4, or "
+                                  "model.linear_pattern=all for an all-linear model")
+    assert model_config(compose_config(["model=qwen35_tiny", "model.n_layers=4"])).linear_layers == [
+        True, True, True, False]
+    run_dir = workdir / "refused-shrunk"
+    capsys.readouterr()
+    assert train_in_process(run_dir, [*tiny, "model=qwen35_tiny"], monkeypatch) == 2  # tiny's 1 layer
+    assert one_error_line(capsys).startswith("error: model.n_layers=1 with model.linear_pattern=3:1 makes every layer "
+                                             "linear")
+    assert not any(run_dir.rglob("*"))
 
 
 def test_without_the_delta_rule_a_layer_has_no_beta_and_still_caches_its_state():

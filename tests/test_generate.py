@@ -66,8 +66,8 @@ def test_cache_equals_recomputation(norm, norm_position, position, n_kv_heads, f
     assert [f[:2] for f in with_cache.forwards] == [(0, 5), (5, 1), (6, 1), (7, 1), (8, 1), (9, 1)]
     assert [f[:2] for f in without_cache.forwards] == [(0, 5), (0, 6), (0, 7), (0, 8), (0, 9), (0, 10)]
     # A cached step multiplies one row where recomputation multiplies the whole prefix, so the kernels sum
-    # in another order. In float64 that rounding is ~1e-15 of logits of up to ~10, far below 1e-10, and no
-    # CPU's kernels decide the outcome (in float32 it reached 1.7e-5 on an AMD EPYC).
+    # in another order. In float32 how far apart that leaves the two depends on the CPU's kernels, hence
+    # float64 here: its rounding is ~1e-15 of logits of up to ~10, far below 1e-10 on any CPU.
     for (*_, a), (*_, b) in zip(with_cache.forwards, without_cache.forwards):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
@@ -145,8 +145,8 @@ def test_window_slides_when_the_context_is_full():
         expected = model(window)[:, -1]
         torch.testing.assert_close(with_cache.forwards[i][2], expected, rtol=1e-10, atol=1e-10)
     # A cached step multiplies one row where recomputation multiplies the whole prefix, so the kernels sum
-    # in another order. In float64 that rounding is ~1e-15 of logits of up to ~10, far below 1e-10, and no
-    # CPU's kernels decide the outcome (in float32 it reached 1.7e-5 on an AMD EPYC).
+    # in another order. In float32 how far apart that leaves the two depends on the CPU's kernels, hence
+    # float64 here: its rounding is ~1e-15 of logits of up to ~10, far below 1e-10 on any CPU.
     for (*_, a), (*_, b) in zip(with_cache.forwards, without_cache.forwards):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 

@@ -296,6 +296,8 @@ def test_import_refuses_what_has_no_counterpart(tmp_path, tokenizer_file, hf_con
     ("layer_types", ["full_attention", "sliding_attention"], "layer_types=['full_attention', 'sliding_attention'] is "
                                                             "not supported; this repo's local layers are"),
     ("layer_types", ["chunked_attention", "full_attention"], "layer_types[0]='chunked_attention' is not supported"),
+    ("layer_types", ["full_attention"] * 3, "layer_types has 3 entries, num_hidden_layers is 2: it names each layer's "
+                                            "attention, one entry per layer"),
     ("attention_bias", True, "attention_bias=True"),
     ("head_dim", None, "head_dim=128 is not supported")])  # None: absent, so Qwen3Config's own default, 128
 def test_import_refuses_what_qwen3_has_and_this_repo_lacks(tmp_path, tokenizer_file, qwen3_config_json, key, value,
@@ -713,6 +715,9 @@ def shared_gate(state: dict[str, torch.Tensor]) -> None:
     # None: Qwen3-Next's own, three layers in four linear: both of these two layers, and no attention layer
     ({"layer_types": None}, None, "layer_types=['linear_attention', 'linear_attention'] is not supported"),
     ({"shared_expert_intermediate_size": 18}, None, "shared_expert_intermediate_size=18 is not supported"),
+    # a hybrid's layers listed for 4 layers of the 2: the length named, not the pattern
+    ({"layer_types": 3 * ["linear_attention"] + ["full_attention"]}, None, "layer_types has 4 entries, "
+                                                                          "num_hidden_layers is 2"),
     ({}, gate_rows_of_head_0, "model.layers.0.self_attn.q_proj.weight's output gate (each head's last head_dim rows) "
                               "is not zero: this repo reads an all-attention Qwen3-Next's attention as gate-less"),
     ({}, shared_gate, "model.layers.1.mlp.shared_expert_gate.weight is not zero: this repo's shared experts are not "
@@ -825,9 +830,12 @@ def test_the_hybrid_exports_to_qwen3_5_with_equal_logits_and_greedy_text_and_bac
 
 @pytest.mark.parametrize("settings, message", [
     (dict(attention_gate=False), "no transformers Qwen3.5 equivalent for model.attention_gate=False"),
-    # all linear: no attention layer to gate, norm or rotate, which Qwen3.5's layers always have
+    # all linear: named by its pattern, not by the attention settings it leaves at their defaults as it must
     (dict(linear_pattern="all", position="none", qk_norm="none", attention_gate=False, rotary_fraction=1.0),
-     "no transformers Qwen3.5 equivalent for model.position=none, model.attention_gate=False, model.qk_norm=none")])
+     "model.linear_pattern=all has no transformers equivalent here: the families with linear layers, Qwen3.5 and "
+     "Qwen3-Next, have gated, QK-normed, rotated attention layers (model.attention_gate=true, qk_norm=rmsnorm, "
+     "position=rope), which a model with no attention layer refuses; a hybrid such as model.linear_pattern=3:1 "
+     "exports")])
 def test_the_qwen3_5_export_refuses_what_it_lacks(tmp_path, tokenizer_file, capsys, settings, message):
     save_checkpoint(tmp_path / "ckpt", Transformer(hybrid_cfg(**settings)), tokenizer_file)
     assert run_export("--ckpt", tmp_path / "ckpt", "--out", tmp_path / "hf") == 2
@@ -888,7 +896,9 @@ def test_the_hybrid_with_experts_exports_to_qwen3_next_with_equal_logits_and_gre
     (hybrid_moe_cfg(attention_gate=False), "model.attention_gate=False with model.linear_pattern=3:1 has no "
                                            "transformers Qwen3-Next equivalent here"),
     (moe_tiny_cfg(attention_gate=True), "model.attention_gate=True with model.linear_pattern=None has no "
-                                        "transformers Qwen3-Next equivalent here")])
+                                        "transformers Qwen3-Next equivalent here"),
+    (hybrid_moe_cfg(linear_pattern="all", position="none", qk_norm="none", attention_gate=False, rotary_fraction=1.0),
+     "model.linear_pattern=all has no transformers equivalent here: the families with linear layers")])
 def test_the_qwen3_next_export_refuses_a_gate_or_shared_expert_its_import_would_read_otherwise(
         tmp_path, tokenizer_file, capsys, cfg, message):
     save_checkpoint(tmp_path / "ckpt", Transformer(cfg), tokenizer_file)

@@ -303,3 +303,22 @@ def test_the_logit_softcap_bounds_the_logits_keeps_their_order_and_leaves_small_
 def test_a_logit_softcap_that_is_not_a_positive_number_is_refused(cap):
     with pytest.raises(ConfigError, match=rf"model.logit_softcap={cap!r} must be a positive number, or null for none"):
         ModelConfig(logit_softcap=cap)
+
+
+def test_a_logit_softcap_too_small_to_learn_with_is_refused():
+    """The best logits a cap c allows (+c on the answer, -c elsewhere) leave the loss within 2c of ln V: 0.00197 nats
+    below ln 64 at the floor, 1e-3; at 1e-30 float32's softmax is exactly uniform. 1e-30 and 1e-50 are refused."""
+    def best_loss(cap: float) -> float:
+        logits = torch.full((1, 64), -cap)
+        logits[0, 0] = cap
+        return F.cross_entropy(logits, torch.tensor([0])).item()
+    assert math.log(64) - 2e-3 < best_loss(1e-3) == approx(math.log(64) - 0.00197, abs=1e-5)
+    assert best_loss(1e-30) == torch.tensor(math.log(64)).item()
+    for cap in (1e-30, 1e-50, 9e-4):
+        with pytest.raises(ConfigError) as refused:
+            ModelConfig(logit_softcap=cap)
+        assert str(refused.value) == (f"model.logit_softcap={cap} must be at least 0.001: the capped logits lie within "
+                                      f"+-{cap}, so the loss can fall at most {2 * cap:g} nats below its untrained ln "
+                                      f"vocab_size and the model learns nothing (Gemma 2 caps at 30, modded-nanogpt's "
+                                      f"records at 15 to 30)")
+    assert ModelConfig(logit_softcap=1e-3).logit_softcap == 1e-3

@@ -19,7 +19,7 @@ import report
 from data.tokenizer import train_tokenizer
 from cache_formula import kv_cache_bytes
 from data_helpers import run_train, tiny_run, write_corpus
-from insight.attention import attention_inputs, attention_maps, cache_by_kv_heads, kv_wiring, layer_qk, logit_scale, qk_norm_bypassed
+from insight.attention import attention_inputs, attention_maps, cache_by_kv_heads, kv_wiring, layer_qk, logit_scale
 from insight.blocks import HISTOGRAM_BINS, NEAR_ZERO, ffn_activations
 from insight.decode import decode_times
 from insight.positions import shift_check
@@ -215,7 +215,7 @@ def test_mlas_attention_maps_are_the_weights_its_queries_give_the_cached_latents
         attn = block.attn
         with torch.no_grad():
             q, latent = attn.project(x, start)  # latent: [1, 1, T, d_c + d_R], what the cache holds
-            q_c, q_r = q.split([attn.head_dim, attn.rope_dim], dim=-1)
+            q_c, q_r = q.split([attn.head_dim, attn.rope_width], dim=-1)
             q_latent = torch.cat([q_c @ attn.k_up.weight.view(4, attn.head_dim, 12), q_r], dim=-1)
             # attention_weights divides by sqrt(q's width), d_c + d_R = 16 here; MLA's is sqrt(D + d_R) = sqrt(12)
             through_latent = attention_weights(q_latent * math.sqrt((12 + 4) / (8 + 4)), latent)[0]
@@ -321,11 +321,7 @@ def test_qk_norm_logits_are_a_direct_computation_within_the_bound_and_bypassing_
     assert all(logit <= b for logit, b in zip(scale["as_trained"], scale["bound"]))
     # the two columns differ by more than rounding, so the comparisons above tell them apart
     assert all(abs(raw - normed) > 0.1 * normed for raw, normed in zip(scale["bypassed"], scale["as_trained"]))
-    with pytest.raises(RuntimeError, match="inside the bypass"):
-        with qk_norm_bypassed(model):
-            assert all(block.attn.qk_norm is None for block in model.blocks)
-            raise RuntimeError("inside the bypass")
-    assert all(block.attn.qk_norm is norm for block, norm in zip(model.blocks, norms))
+    assert all(block.attn.qk_norm is norm for block, norm in zip(model.blocks, norms))  # the model as it was
     with torch.no_grad():
         assert torch.equal(model(windows), before)
     # without QK-norm: the as-trained column only, the same direct computation without the norm
@@ -505,6 +501,37 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, message, rope_ru
     assert code == 2 and captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("error: ") and message.format(missing=missing) in captured.err, captured.err
     assert sorted(tmp_path.rglob("*")) == before and not (learned_ckpt.parent / "report").exists()
+
+
+def at_context(run: Path, folder: Path, context: int) -> Path:
+    """run's model and tokenizer at another context: a checkpoint outside a run dir."""
+    model, ckpt_dir = load_checkpoint(run)
+    save_checkpoint(folder / "ckpt", Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"context_length": context})),
+                    ckpt_dir / "tokenizer.model")
+    return folder / "ckpt"
+
+
+def test_the_default_prompt_is_cut_to_the_smallest_context_and_a_given_one_refused(rope_run, tmp_path, capsys):
+    """rope/ (context 32) beside a model of context 8: without --prompt the report reads the default prompt's first 8
+    tokens with BOS and says so in one line; the same text given as --prompt is refused, and so is the default on a
+    context of 2, which holds less than the report reads."""
+    short, tiny = at_context(rope_run, tmp_path / "short", 8), at_context(rope_run, tmp_path / "tiny", 2)
+    tokenizer = report.load(str(rope_run))[2]
+    ids = [tokenizer.bos_id] + tokenizer.encode(report.DEFAULT_PROMPT)
+    assert len(ids) > 32
+    assert report.main(["--ckpt", str(rope_run), "--ckpt", str(short), "--out", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"the default prompt is {len(ids)} tokens with BOS, more than model.context_length=8 of --ckpt {short}: the "
+        f"report reads its first 8 (--prompt gives another)")
+    numbers = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert numbers["token_ids"] == ids[:8] and numbers["prompt"] == tokenizer.decode(ids[1:8])
+    assert report.main(["--ckpt", str(short), "--prompt", report.DEFAULT_PROMPT, "--out", str(tmp_path / "o2")]) == 2
+    assert capsys.readouterr() == ("", f"error: --prompt is {len(ids)} tokens with BOS, more than "
+                                       f"model.context_length=8 of --ckpt {short}; give a shorter one\n")
+    assert report.main(["--ckpt", str(tiny), "--out", str(tmp_path / "o2")]) == 2
+    assert capsys.readouterr() == ("", f"error: model.context_length=2 of --ckpt {tiny} holds fewer than the 3 tokens "
+                                       f"the report reads (BOS and 2 after it)\n")
+    assert not (tmp_path / "o2").exists()
 
 
 def test_a_report_that_cannot_be_written_is_one_line_after_the_run_it_read(rope_run, tmp_path, capsys):

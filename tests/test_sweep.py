@@ -6,6 +6,7 @@ line."""
 import json
 import math
 import os
+import shlex
 import signal
 import time
 from pathlib import Path
@@ -261,9 +262,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def slurm_overrides() -> list[str]:
+    """What follows -- in docs/cluster.md's sweep.py command for a SLURM cluster, split as a shell splits it."""
+    doc = (ROOT / "docs" / "cluster.md").read_text().replace("\\\n", " ")  # its lines go on after a backslash
+    command = next(line for line in doc.splitlines() if line.startswith("python sweep.py") and "submitit_slurm" in line)
+    words = shlex.split(command)
+    return words[words.index("--") + 1:]
+
+
 def test_the_slurm_command_of_docs_cluster_md_composes():
-    """The overrides docs/cluster.md gives for a SLURM cluster are settings of the submitit_slurm launcher."""
-    check_overrides(["hydra/launcher=submitit_slurm", "hydra.launcher.partition=gpu",
-                     "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=8",
-                     "hydra.launcher.timeout_min=30", "hydra.launcher.array_parallelism=32"],
-                    [Point("baseline", 1e-3)])
+    """The overrides docs/cluster.md gives for a SLURM cluster pass the study's check and reach submitit's SLURM
+    launcher with the doc's values, each of which changes the launcher's default."""
+    overrides = slurm_overrides()
+    doc = dict(o.removeprefix("hydra.launcher.").split("=", 1) for o in overrides if o.startswith("hydra.launcher."))
+    assert overrides[0] == "hydra/launcher=submitit_slurm"
+    assert doc.keys() >= {"partition", "gpus_per_node", "timeout_min", "array_parallelism"}
+    points = [Point("baseline", 1e-3)]
+    launcher = check_overrides(overrides, points).hydra.launcher
+    default = check_overrides(overrides[:1], points).hydra.launcher
+    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert {key: str(launcher[key]) for key in doc} == doc
+    assert all(str(default[key]) != value for key, value in doc.items())

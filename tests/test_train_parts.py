@@ -1,6 +1,7 @@
 """train.py's helpers, in-process: parameter groups, lr schedule, settings checks, a resumed run's settings, run
 names, metrics truncation on resume, the W&B mode choice. The end-to-end runs are in test_train.py."""
 import json
+import math
 
 import pytest
 import torch
@@ -13,10 +14,11 @@ from model.config import ModelConfig
 from model.transformer import Transformer
 from storage.checkpoint import CheckpointError
 from training.config import check_train_config, named_settings, settings_of, settings_to_resume
+from training.endings import RunEnded, stop_if_diverged
 from training.horizon import Horizon
 from training.optim import MuonAdamW, lr_at, make_optimizer, set_lr
 from settings import CONFIG_DIR, compose_config
-from training.state import Progress, checkpoint_to_resume, resume_training, save_training_checkpoint
+from training.state import Progress, RunCheckpoint, checkpoint_to_resume, resume_training, save_training_checkpoint
 from training.tracking import default_run_name, keep_metrics_up_to, wandb_mode
 
 TRAIN = OmegaConf.create(OmegaConf.to_container(compose_config([]).train, resolve=True))  # with the optim group's
@@ -196,6 +198,31 @@ def test_a_resumed_optimizer_continues_bit_for_bit(optimizer, tmp_path, tokenize
 def step_lrs(train, steps: int) -> list[float]:
     horizon = Horizon(train.max_steps, train.lr_decay_steps, None)
     return [lr_at(*horizon.position(step, 0.0, 0.0), train) for step in range(steps)]
+
+
+def test_a_loss_not_finite_before_the_first_update_is_not_put_down_to_the_learning_rate(tmp_path):
+    """Step 1's loss is the starting weights' own, before any update: a NaN there names the model, not train.lr. A NaN
+    later, or weights the first update made infinite, still points at train.lr."""
+    model = Transformer(ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, context_length=8))
+    checkpoint = RunCheckpoint(tmp_path, model, tmp_path / "tokenizer.model", make_optimizer(model, TRAIN),
+                               Progress(), resumed=False)
+
+    def ending(train_loss: float, grad_norm: float, step: int) -> str:
+        with pytest.raises(RunEnded) as ended:
+            stop_if_diverged(train_loss, grad_norm, model, step, 3e-3, checkpoint)
+        assert (ended.value.reason, ended.value.exit_code) == (f"diverged at step {step}", 1)
+        return ended.value.line
+
+    assert ending(math.nan, math.nan, 1) == (
+        "error: training diverged at step 1 (train loss nan, grad norm nan, weights finite); the loss was not finite "
+        "before the first update, so train.lr=0.003 is not the cause: the model's settings or its starting weights "
+        "give a non-finite loss. Stopped; no checkpoint had been saved yet")
+    assert ending(math.nan, math.nan, 2).endswith("); try a lower train.lr=0.003. Stopped; no checkpoint had been "
+                                                  "saved yet")
+    with torch.no_grad():
+        next(model.parameters()).fill_(math.inf)  # as a first update of lr 1e6 leaves them
+    assert ending(4.16, 0.5, 1) == ("error: training diverged at step 1 (train loss 4.16, grad norm 0.5, weights not "
+                                    "finite); try a lower train.lr=0.003. Stopped; no checkpoint had been saved yet")
 
 
 def test_lr_warms_up_linearly_then_follows_the_cosine_down_to_min_lr():

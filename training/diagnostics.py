@@ -24,7 +24,6 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from model.attention import attention_weights
 from model.transformer import Transformer
 from training.evaluate import next_token_loss
 
@@ -51,11 +50,12 @@ def normalised_entropy(weights: torch.Tensor, window: int | None = None) -> torc
     return torch.where(visible > 1, entropy / visible.log(), 0.0)
 
 
-def attention_entropy(q: torch.Tensor, k: torch.Tensor, window: int | None = None,
-                      sinks: torch.Tensor | None = None) -> float:
-    """q: [B, H, T, D], k: [B, H_kv, T, D] -> the mean normalised entropy of the causal attention rows (a local
-    layer's window and sinks as model.attention.attention_weights takes them)."""
-    return normalised_entropy(attention_weights(q, k, window, sinks), window).mean().item()
+def attention_entropy(mixer, x: torch.Tensor) -> float | None:
+    """The mean normalised entropy of a block's mixer's causal rows (its weights: a local layer's window and
+    sinks as model.attention.attention_weights takes them) on its input x; None where no softmax makes them."""
+    if mixer.logits(x) is None:
+        return None
+    return normalised_entropy(mixer.weights(x), mixer.window).mean().item()
 
 
 def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
@@ -72,8 +72,7 @@ def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
         def on_attn(module, inputs, output, i=i):
             records[i]["attn_out"] = rms(output)
             with torch.no_grad():
-                records[i]["attn_entropy"] = attention_entropy(*module.heads(inputs[0])[:2], module.window,
-                                                                 module.sinks)
+                records[i]["attn_entropy"] = attention_entropy(module, inputs[0])
 
         def on_ffn(_module, _inputs, output, i=i):
             records[i]["ffn_out"] = rms(output)
@@ -91,5 +90,5 @@ def layer_stats(model: Transformer, x: torch.Tensor, y: torch.Tensor) -> dict:
         values = {"stream_rms": r["stream_rms"], "attn_ratio": r["attn_out"] / r["stream_in"],
                   "ffn_ratio": r["ffn_out"] / r["stream_in"], "position_cos": r["position_cos"],
                   "attn_entropy": r["attn_entropy"], "grad_norm": torch.cat(grads).norm().item()}
-        stats.update({f"diag/{name}/{i}": value for name, value in values.items()})
+        stats.update({f"diag/{name}/{i}": value for name, value in values.items() if value is not None})
     return stats

@@ -4,6 +4,7 @@ An early end raises RunEnded from inside the loop, so that the loop reads as the
 end goes through the same close: the checkpoint where one is owed, summary.json's stop_reason, the line
 printed last and the exit code (0 done, 1 diverged, 2 a lost process, 128 + the signal's number).
 """
+import math
 import signal
 from pathlib import Path
 
@@ -43,8 +44,12 @@ def stop_if_diverged(train_loss: float, grad_norm: float, model: nn.Module, step
     if problem:
         kept = (f"the last good checkpoint is {checkpoint.dir} (step {checkpoint.step})"
                 if checkpoint.step is not None else "no checkpoint had been saved yet")
-        raise RunEnded(f"diverged at step {step}", 1, f"error: training diverged at step {step} ({problem}); try a "
-                                                      f"lower train.lr={lr}. Stopped; {kept}")
+        # step 1's loss is the starting weights' own, computed before any update: no learning rate made it
+        cause = (f"the loss was not finite before the first update, so train.lr={lr} is not the cause: the model's "
+                 f"settings or its starting weights give a non-finite loss" if step == 1 and not math.isfinite(
+                     train_loss) else f"try a lower train.lr={lr}")
+        raise RunEnded(f"diverged at step {step}", 1, f"error: training diverged at step {step} ({problem}); "
+                                                      f"{cause}. Stopped; {kept}")
 
 
 def process_lost(ddp: Distributed, err: RuntimeError, step: int, run_dir: Path) -> RunEnded:

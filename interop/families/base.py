@@ -248,7 +248,8 @@ class Family:
         window = self.sliding_window(hf)
         types = hf.get("layer_types")
         if types is None:
-            types = self.default_layer_types(hf, window, n_layers)
+            return window, self.default_layer_types(hf, window, n_layers)
+        check_layer_count(types, n_layers)
         return window, types
 
     def window_settings(self, hf: dict, n_layers: int, context: int) -> dict:
@@ -314,6 +315,13 @@ class Family:
         if cfg.rope_scaling == "yarn":
             writer.add_rope_scaling_yarn_beta_fast(YARN_BETA_FAST)
             writer.add_rope_scaling_yarn_beta_slow(YARN_BETA_SLOW)
+
+
+def check_layer_count(types: list, n_layers: int) -> None:
+    """A config.json's own layer_types names each layer once, as transformers' configs require."""
+    if len(types) != n_layers:
+        raise InteropError(f"layer_types has {len(types)} entries, num_hidden_layers is {n_layers}: it names each "
+                           f"layer's attention, one entry per layer")
 
 
 def local_layer_types(cfg: ModelConfig) -> list[str]:

@@ -42,7 +42,7 @@ import torch
 from interop import InteropError
 from interop.families.base import LLAMA_SWITCHES, Family, LlamaCppArch
 from interop.families.qwen3_next import attention_layers, gated_query_key_value_names, gated_rows, hybrid_layer_types, \
-    hybrid_settings, linear_attention_names, linear_keys, norm_names, partial_rope, ungated_rows
+    hybrid_settings, linear_attention_names, linear_keys, norm_names, partial_rope, refuse_all_linear, ungated_rows
 from interop.layout import Names
 from model.config import ModelConfig
 from model.gated_deltanet import L2_EPS, GatedDeltaNet
@@ -61,6 +61,10 @@ class Qwen3_5(Family):
 
     def claims(self, cfg: ModelConfig) -> bool:
         return cfg.linear_pattern is not None  # with experts, Qwen3-Next's (qwen3_next.py) where it claims them
+
+    def check(self, cfg: ModelConfig, target: str) -> None:
+        refuse_all_linear(cfg, target)
+        super().check(cfg, target)
 
     def head_keys(self, cfg: ModelConfig) -> dict:
         return {"num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim} | linear_keys(cfg)
@@ -118,10 +122,6 @@ class Qwen3_5(Family):
 
     # ------------------------------------------------------------ llama.cpp
 
-    def check_llama_cpp(self, cfg: ModelConfig) -> None:
-        super().check_llama_cpp(cfg)
-        full_attention_interval(cfg)
-
     def llama_cpp_notes(self, cfg: ModelConfig) -> list[str]:
         if cfg.norm_eps == L2_EPS:
             return []
@@ -162,14 +162,10 @@ class Qwen3_5(Family):
 
 
 def full_attention_interval(cfg: ModelConfig) -> int:
-    """qwen35.full_attention_interval: every how many layers llama.cpp's graph has an attention layer, the others
-    linear. Patterns it cannot say are refused (this repo's N:1 and alternate it can)."""
-    interval = cfg.linear_layers.index(False) + 1 if False in cfg.linear_layers else 0
-    if not interval or cfg.linear_layers != [(i + 1) % interval != 0 for i in range(cfg.n_layers)]:
-        raise InteropError(f"model.linear_pattern={cfg.linear_pattern} with model.n_layers={cfg.n_layers} has no "
-                           f"llama.cpp qwen35 equivalent: its graph has an attention layer every N-th layer, the "
-                           f"others linear")
-    return interval
+    """qwen35.full_attention_interval: llama.cpp's graph makes every interval-th layer attention, the others linear,
+    as N:1 (N + 1) and alternate (2) do. Each has an attention layer (ModelConfig refuses one too short to reach it),
+    and an all-linear model is refused before (refuse_all_linear)."""
+    return cfg.linear_layers.index(False) + 1
 
 
 def value_heads_tiled(name: str, w: torch.Tensor, H_k: int, H_v: int, D: int) -> torch.Tensor:

@@ -40,6 +40,7 @@ hybrid's GGUF is qwen35's, qwen3_5.py).
 import torch
 
 from interop import InteropError
+from interop.families.base import check_layer_count
 from interop.families.qwen3 import qk_norm_names
 from interop.families.qwen3_moe import Qwen3Moe
 from interop.layout import Names, dense_ffn_names
@@ -129,6 +130,16 @@ def hybrid_layer_types(cfg: ModelConfig) -> dict:
     return {"layer_types": ["linear_attention" if linear else "full_attention" for linear in cfg.linear_layers]}
 
 
+def refuse_all_linear(cfg: ModelConfig, target: str) -> None:
+    """An all-linear model, named by its pattern: the switches check would name its attention settings instead, which
+    it sets as it must (ModelConfig refuses the families' on a model without an attention layer)."""
+    if all(cfg.linear_layers):
+        raise InteropError(f"model.linear_pattern={cfg.linear_pattern} has no {target} equivalent here: the families "
+                           f"with linear layers, Qwen3.5 and Qwen3-Next, have gated, QK-normed, rotated attention "
+                           f"layers (model.attention_gate=true, qk_norm=rmsnorm, position=rope), which a model with "
+                           f"no attention layer refuses; a hybrid such as model.linear_pattern=3:1 exports")
+
+
 def rotary_share(rope: dict | None) -> float | None:
     return (rope or {}).get("partial_rotary_factor")
 
@@ -150,6 +161,8 @@ def hybrid_settings(hf: dict) -> dict:
     this repo cannot make, and all linear layers (these families' attention layers always have their gate, QK-norm
     and RoPE), are refused in one line."""
     n_layers = hf["num_hidden_layers"]
+    if hf.get("layer_types"):
+        check_layer_count(hf["layer_types"], n_layers)
     types = hf.get("layer_types") or ["full_attention" if (i + 1) % hf.get("full_attention_interval",
                                                                           FULL_ATTENTION_INTERVAL) == 0
                                       else "linear_attention" for i in range(n_layers)]
@@ -188,6 +201,7 @@ class Qwen3Next(Qwen3Moe):
         return super().claims(cfg) and (cfg.n_shared_experts > 0 or cfg.linear_pattern is not None)
 
     def check(self, cfg: ModelConfig, target: str) -> None:
+        refuse_all_linear(cfg, target)
         super().check(cfg, target)
         if cfg.window is not None:
             raise InteropError(f"model.window={cfg.window} has no {target} {self.name} equivalent: its attention "
