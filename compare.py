@@ -1,4 +1,5 @@
-"""Compare training runs without W&B: a markdown table and a plot of val bpb against tokens.
+"""Compare training runs without W&B: a markdown table, a plot of val bpb against tokens, and a warning where the
+comparison is not fair.
 
     python compare.py multirun/ablation/2025-01-01_12-00-00 [more dirs...] --plot docs/ablation.png
 
@@ -15,18 +16,31 @@ else by where its runs are (its sweep dir or run dir, relative to the others'), 
 several variants share.
 
 Per variant: final val loss and val bpb as mean ± sample std over its complete runs (n), and
-the difference in bpb from the baseline variant (--baseline; by default the ablation's `baseline`, else the one
-preset run with no override of its own), which counts as beyond seed noise when
+the difference in bpb from the baseline variant, which counts as beyond seed noise when
 
     |Δ| > 2 · sqrt(s_v² / n_v + s_b² / n_b)
 
 (two standard errors of the difference of two means; "n/a" when either side has one run).
+The baseline is --baseline, else by one rule: the ablation's `baseline`, else the line with no switch from its
+preset, named by the preset (`llama_tiny`); of several (presets side by side, or one preset's switches beside
+another preset's run), the one whose preset the most lines train, as the others are its switches; of a tie,
+configs/config.yaml's own preset.
 bpb alone is compared: every run reads the same tokenizer, so loss and bpb differ by a constant.
-Each row also shows the steps, tokens and seconds its runs trained (a range where they differ), their tokens/s
-(the mean of each run's own rate, summary.json's tokens_per_s, the one its last line prints), and a note
-follows the table when runs trained unequal numbers of tokens, as budgeted runs on a busy machine do.
+Each row also shows the steps, tokens and seconds its runs trained (a range where they differ), and their tokens/s
+(the mean of each run's own rate, summary.json's tokens_per_s, the one its last line prints).
 Runs trained for one train.time_budget each (an equal-wall-clock comparison) are expected to differ in
-tokens: the table says so instead, and the plot's x axis is training seconds.
+tokens: a note says so, and the plot's x axis is training seconds. --plot also draws, below the curves, each
+variant's Δ bpb against the baseline as a bar whose error bar is the table's 2σ.
+
+A warning line follows the table (study/fairness.py) where the rows are not like with like:
+- at a shared lr: more than one line, every complete run at one train.lr, and not every line a line of the
+  ablation (its `variant`) at the rate configs/ablation/<variant>.yaml records. A learning-rate sweep is not this
+  case: its lines are compared at each one's best lr.
+- the machine's speed changed: the tokens/s of one line's seeds, or (between lines that trained their preset's
+  own model) each run's tokens/s over its train.reference_tokens_per_s, highest over lowest, above 2 (idle seeds
+  of one config here agree within 1.14; one busy process beside a run cost 3-7x), of the runs whose steps took
+  0.2 s or more (a shorter rate is the timer's as much as the machine's).
+- unequal tokens: the complete runs trained different numbers of tokens, outside an equal-wall-clock comparison.
 
 A learning-rate sweep whose run dirs are gone can be shown beside new runs from the JSON that --json wrote
 (--recorded): each recorded line comes back as its final val bpb per learning rate (seed 0) and per seed at its
@@ -46,8 +60,8 @@ from storage.files import write_json, writing
 from study.lr import grid_that_trains, largest_lr_that_trains, lr_sweep_lines
 from study.plots import lr_plot, plot
 from study.runs import LEARNING_RATE, SEED, Run, Variant, find_run_dirs, load_run, recorded_variants
-from study.tables import (equal_time_budget, lr_curve_table, lr_table, markdown_table, routes, routing_table,
-                          unequal_training_note)
+from study.fairness import shared_lr_warning, speed_warning, unequal_tokens_warning
+from study.tables import equal_time_budget, lr_curve_table, lr_table, markdown_table, routes, routing_table
 from study.variants import default_baseline, group_runs
 
 
@@ -72,7 +86,7 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
         print(f"\nno variant named {baseline_name!r}, so no differences: pass --baseline with one of "
               f"{', '.join(repr(line.name) for line in lines)}")
     if args.plot:
-        plot([line.best for line in lines if line.best.runs], args.plot)
+        plot([line.best for line in lines if line.best.runs], args.plot, baseline=baseline.best if baseline else None)
         print(f"\nplot (each variant at its best lr): {args.plot}")
     if args.lr_plot:
         lr_plot(lines, init, unigram, args.lr_plot)
@@ -103,8 +117,9 @@ def report_comparison(variants: list[Variant], baseline_name: str, args) -> None
               f"{', '.join(repr(v.name) for v in variants)}")
     if args.plot:
         x = "elapsed_s" if equal_time_budget([r for v in variants for r in v.runs]) is not None else "tokens"
-        plot(variants, args.plot, x)
-        print(f"\nplot (val bpb vs {'training seconds' if x == 'elapsed_s' else 'tokens'}): {args.plot}")
+        plot(variants, args.plot, x, baseline)
+        deltas = ", and each variant's Δ bpb with its seed noise" if baseline else ""
+        print(f"\nplot (val bpb vs {'training seconds' if x == 'elapsed_s' else 'tokens'}{deltas}): {args.plot}")
 
 
 def main(argv=None) -> None:
@@ -121,7 +136,7 @@ def compare(argv) -> None:
     parser.add_argument("--trains-margin", type=float, default=0.1,
                         help="a run trains when its final val bpb is this far below the unigram level")
     parser.add_argument("--baseline", help="the variant the others are compared with (default: `baseline`, else the "
-                        "one preset run with no override of its own)")
+                        "line with no switch from its preset, of the preset the most lines train)")
     parser.add_argument("--recorded", type=Path,
                         help="a learning-rate sweep's JSON (--json) whose lines are shown beside the dirs' lines")
     args = parser.parse_args(argv)
@@ -145,16 +160,17 @@ def compare(argv) -> None:
     if sweep is None and (args.lr_plot or args.json):
         raise UsageError(f"--lr-plot/--json need a learning-rate sweep, but no variant in "
                          f"{' '.join(map(str, args.dirs))} has runs at more than one train.lr")
+    # a sweep's table compares each line at its best lr and shows no tokens/s: of the warnings, the tokens' alone
+    variants = group_runs(runs) if sweep is None else []
     try:
         if sweep is None:
-            variants = group_runs(runs)
             report_comparison(variants, args.baseline or default_baseline(variants), args)
         else:
             report_lr_sweep(runs, sweep, args.baseline or default_baseline(lines), args.trains_margin, args)
     finally:  # a plot or JSON that cannot be written: what was read is printed whole, then the error line
-        note = unequal_training_note(runs)
-        if note:
-            print(f"\n{note}")
+        warnings = [shared_lr_warning(variants), speed_warning(variants), unequal_tokens_warning(runs)]
+        if any(warnings):
+            print("\n" + "\n".join(w for w in warnings if w))
         incomplete = [r for r in runs if r.problem]
         if incomplete:
             print("\nincomplete runs, left out of the means:")

@@ -30,7 +30,6 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from tqdm import tqdm
 
 from cli import run_command
 from data import eval_batches, get_batch, prepare_data
@@ -51,7 +50,7 @@ from training.run_lock import run_dir_lock
 from training.signals import StopRequest
 from training.state import RunCheckpoint, continue_settings, run_start, step_generator, wants_resume
 from training.step import accumulate_gradients
-from training.tracking import Throughput, default_run_name, start_tracking, wandb_mode
+from training.tracking import Throughput, default_run_name, progress_bar, start_tracking, wandb_mode
 
 
 @hydra.main(config_path="configs", config_name="config", version_base="1.3")
@@ -124,8 +123,8 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
               f"{ddp.device} | {run_dir}{start.describe(progress)}\n{name}: {horizon.describe()}")
 
     # -------- the loop: one optimizer step per iteration, until the horizon or an early end (training/endings.py)
-    meter = Throughput(tcfg.batch_size * T, held.enter_context(tqdm(  # rank 0 draws the bar
-        total=tcfg.max_steps, initial=progress.step, disable=not ddp.master, unit="step", desc=name)))
+    meter = Throughput(tcfg.batch_size * T, progress.step,  # rank 0 draws the bar
+                       held.enter_context(progress_bar(name, disable=not ddp.master)))
     setup_s, clock = time.perf_counter() - setup_clock, Clock(progress.elapsed_s)  # the training time starts
     ending = RunEnded("completed", 0)
     try:
@@ -147,11 +146,11 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
             stop_if_diverged(train_loss, grad_norm, raw_model, progress.step + 1, tcfg.lr, checkpoint)
             step_s = clock() - started
             progress.advance(tcfg.batch_size * T, elapsed_s=started + step_s)
-            meter.add(step_s, train_loss)
+            meter.add(step_s, train_loss, horizon.standing(progress.step, progress.elapsed_s))
             horizon.record("step", step_s)
             if ddp.master:  # -------- rank 0: eval, metrics, samples, checkpoints
                 val = {}
-                if progress.step % tcfg.eval_interval == 0 or last:
+                if horizon.evaluates(progress.step, tcfg.eval_interval) or last:
                     with horizon.timed("eval"):  # train.diagnostics: per-layer stats on the first val batch too
                         val = evaluate(raw_model, val_batches, autocast, data.bytes_per_token["val"]) | (
                             layer_stats(raw_model, *val_batches[0]) if tcfg.diagnostics else {})
@@ -160,7 +159,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
                     tracker.log({"step": progress.step, "tokens": progress.tokens, "train_loss": train_loss, "lr": lr,
                                  "grad_norm": grad_norm, **aux_losses, "tokens_per_s": meter.window_rate(),
                                  "elapsed_s": progress.elapsed_s, **val, **horizon.budget_fraction(progress.elapsed_s)})
-                if progress.step % tcfg.sample_interval == 0 or last:
+                if horizon.samples(progress.step, tcfg.sample_interval, evaluated=bool(val)) or last:
                     with horizon.timed("sample"):
                         text = engine.complete(tcfg.sample_prompt, tcfg.sample_tokens, tcfg.sample_temperature,
                                                seed=tcfg.seed)

@@ -5,6 +5,7 @@ labelled as the report labels them (by the switches in which they differ).
 """
 import io
 import math
+import textwrap
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogFormatter
@@ -12,6 +13,7 @@ from matplotlib.ticker import FuncFormatter, LogFormatter
 
 DPI = 100
 TOKEN_LABELS_UP_TO = 48  # more tokens than this on an axis and every label would overlap its neighbours
+TITLE_WIDTH = 44  # characters of a panel title's line: a 4.5-inch panel at 12 points holds about that
 
 
 def png(fig: Figure) -> bytes:
@@ -80,7 +82,7 @@ def attention_wiring(report: dict) -> Figure:
         for j in kv_heads:
             wiring.annotate(f"kv{j}", (kv_x[j], 0), xytext=(0, -18), textcoords="offset points", ha="center", fontsize=8)
         wiring.set(xlim=(-0.7, len(reads) - 0.3), ylim=(-0.4, 1.4), xticks=[], yticks=[],
-                   title=f"{ckpt['label']}\nthe K/V head each query head reads (measured, block 0)")
+                   title=titled(f"{ckpt['label']}\nthe K/V head each query head reads (measured, block 0)"))
         sizes = ckpt["attention_wiring"]["cache_by_kv_heads"]
         names = [f"{s['attention']}\n{s['kv_heads']} K/V" for s in sizes]
         bars.bar(names, [s["bytes"] / 1e3 for s in sizes],
@@ -89,6 +91,12 @@ def attention_wiring(report: dict) -> Figure:
             bars.annotate(f"{s['bytes']:,}", (x, s["bytes"] / 1e3), ha="center", va="bottom", fontsize=8)
         bars.set(ylabel="kB: one sequence, full context, fp32", title="the cache at this width (this model in colour)")
     return fig
+
+
+def titled(title: str) -> str:
+    """A panel's title, each line wrapped: a checkpoint's label that lists every setting it differs in would run
+    into the next panel's."""
+    return "\n".join(textwrap.fill(line, TITLE_WIDTH) for line in title.split("\n"))
 
 
 def token_axes(ax, tokens: list[str], bottom: bool, left: bool) -> None:
@@ -147,7 +155,7 @@ def attention_entropy(report: dict) -> Figure:
                     ax.annotate(f"{value:.2f}", (h, l), ha="center", va="center", fontsize=8,
                                 color="black" if value > 0.6 else "white")
         ax.set(xlabel="head", ylabel="layer", xticks=range(heads), yticks=range(len(entropy)),
-               title=ckpt["label"])
+               title=titled(ckpt["label"]))
     fig.colorbar(image, ax=axes, label="entropy / ln(keys seen): 1 uniform, 0 one key")
     return fig
 
@@ -159,7 +167,7 @@ def shift_check(report: dict) -> Figure:
     for i, (ax, ckpt) in enumerate(zip(axes, checkpoints)):
         check, first = ckpt["positions"]["shift_check"], ckpt["positions"]["shift_check"]["layer0"]
         if first is None:  # no layer has softmax scores (all linear): nothing to shift
-            ax.set(xticks=[], yticks=[], title=f"{ckpt['label']}\nno softmax layer: no scores to shift")
+            ax.set(xticks=[], yticks=[], title=titled(f"{ckpt['label']}\nno softmax layer: no scores to shift"))
             continue
         at_0, shifted = first["at_0"], first["shifted"]
         ax.scatter(at_0, shifted, s=6, color=colour(i))
@@ -168,8 +176,8 @@ def shift_check(report: dict) -> Figure:
         worst = max(d for d in check["shifts"][-1]["max_abs_diff"] if d is not None)
         ax.set(xlabel="score of (q at m, k at n)", ylabel=f"score of (q at m + {first['shift']}, "
                f"k at n + {first['shift']})",
-               title=f"{ckpt['label']} ({ckpt['model']['position']}), layer {first['layer']}\nlargest difference, "
-                     f"any layer: {worst:.2g}")
+               title=titled(f"{ckpt['label']} ({ckpt['model']['position']}), layer {first['layer']}\nlargest "
+                            f"difference, any layer: {worst:.2g}"))
     return fig
 
 
@@ -181,8 +189,8 @@ def score_distance(report: dict) -> Figure:
         curves = [(l, curve) for l, curve in enumerate(ckpt["positions"]["score_by_distance"]) if curve is not None]
         for l, curve in curves:  # the layers with softmax scores
             ax.plot(range(len(curve)), curve, marker=".", label=f"layer {l}")
-        ax.set(xlabel="distance m − n", title=f"{ckpt['label']} ({ckpt['model']['position']})"
-               + ("" if curves else "\nno softmax layer: no scores"))
+        ax.set(xlabel="distance m − n", title=titled(f"{ckpt['label']} ({ckpt['model']['position']})"
+                                                    + ("" if curves else "\nno softmax layer: no scores")))
         if curves:
             ax.legend(fontsize=8)
     axes[0].set_ylabel("mean q·k / √D over heads")
@@ -197,7 +205,7 @@ def position_table(report: dict) -> Figure | None:
     axes = fig.subplots(1, len(tabled), squeeze=False)[0]
     for ax, ckpt in zip(axes, tabled):
         image = ax.imshow(ckpt["positions"]["table_similarity"], vmin=-1, vmax=1, cmap="RdBu_r")
-        ax.set(xlabel="position j", ylabel="position i", title=f"{ckpt['label']} ({ckpt['model']['position']})")
+        ax.set(xlabel="position j", ylabel="position i", title=titled(f"{ckpt['label']} ({ckpt['model']['position']})"))
     fig.colorbar(image, ax=axes, label="cos(PE[i], PE[j])")
     return fig
 
@@ -235,7 +243,7 @@ def ffn(report: dict) -> Figure:
         density.stairs(f["density"], f["edges"], color=colour(i))
         smallest, largest = f["range"]
         density.set(xlabel="activation a (between its 0.1% and 99.9% quantiles)", yscale="log",
-                    title=f"{ckpt['label']}\n{f['activation']}")
+                    title=titled(f"{ckpt['label']}\n{f['activation']}"))
         # the cut tail is not in the bins; say how much of it there is and how far it reaches
         density.annotate(f"{f['beyond']:.2%} beyond the axis\nall within [{smallest:.3g}, {largest:.3g}]",
                          (0.97, 0.97), xycoords="axes fraction", ha="right", va="top", fontsize=8)
@@ -324,8 +332,8 @@ def experts(report: dict) -> Figure | None:
                         color="white" if load < max(map(max, loads)) / 2 else "black")
         ax.set(xticks=range(routing["n_experts"]), yticks=range(len(loads)), xlabel="expert",
                yticklabels=[f"block {b['block']}" for b in routing["blocks"]],
-               title=f"{ckpt['label']}\n{routing['router']} router, k = {routing['k']}: balance is "
-                     f"{1 / routing['n_experts']:.3f}")
+               title=titled(f"{ckpt['label']}\n{routing['router']} router, k = {routing['k']}: balance is "
+                            f"{1 / routing['n_experts']:.3f}"))
         fig.colorbar(image, ax=ax, label="share of the choices")
     return fig
 

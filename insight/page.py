@@ -20,7 +20,9 @@ SECTIONS = [
      "estimator computes what the cache costs in memory for any model, 2·L·H_kv·d_head·S·bytes·batch, or with "
      "multi-head latent attention (MLA: DeepSeek-V2/V3) L·(d_c + d_R)·S·bytes·batch, or for a Gated DeltaNet layer "
      "a fixed state of H_v·d_h² (and the conv's last inputs) at any S; the second figure plots Qwen3-Next's cache "
-     "against the context, as it is (three linear layers to one attention layer), all linear and all attention.",
+     "against the context, as it is (three linear layers to one attention layer), all linear and all attention. "
+     "The table's uncached / cached is the whole generation's time without the cache over its time with it: how "
+     "many times the cache sped this run up.",
      ("kv_cache",), ("kv_cache",)),
     ("attention-wiring", "2. Attention wiring: MHA, GQA, MQA",
      "Which K/V head each query head reads, found by zeroing one K/V head's value projection at a time and seeing "
@@ -30,7 +32,9 @@ SECTIONS = [
     ("attention-maps", "3. Attention maps",
      "The weights softmax(q·k/√D) of every layer and head on the prompt, query tokens down and key tokens across, "
      "and each head's entropy over ln(keys seen): 1 is uniform attention, 0 is all of it on one key. A Post-Norm or "
-     "position=none model shows what the ablation's diagnostics found there, a near-uniform first layer.",
+     "position=none model shows what the ablation's diagnostics found there, a near-uniform first layer. A Gated "
+     "DeltaNet layer has no softmax: its map is the gate-faded q_i·k_j (Γ_i/Γ_j, j ≤ i) its state would read "
+     "if the delta rule corrected nothing, on a red-blue scale centred on 0, and it has no entropy.",
      ("attention_maps", "attention_entropy"), ("entropy",)),
     ("positions", "4. Positions",
      "The same prompt read s positions later: with RoPE every layer's score of (q at m, k at n) stays the same up to "
@@ -42,7 +46,10 @@ SECTIONS = [
      "positions, and the gradient norm of the block's weights for the prompt's next-token loss. Pre-Norm leaves the "
      "stream unnormalised, free to grow block by block, and gives the gradient an identity path to every block; "
      "Post-Norm renormalises the stream after each branch (rms near 1), so the gradient reaching the first blocks "
-     "has passed through every norm above them.",
+     "has passed through every norm above them. A branch / stream ratio is rms(the branch's output) over "
+     "rms(the stream entering the block): above 1 the branch writes more than the stream carried. Block 0's is the "
+     "one most free to be large: the stream entering it is the token embedding alone (rms 0.02 at GPT-2's "
+     "initialisation), where a later block reads a stream the earlier branches have added to.",
      ("residual_stream",), ("stream",)),
     ("ffn", "6. FFN activations",
      "The distribution of the FFN's hidden activations on the prompt, a panel per checkpoint: SwiGLU's gate "

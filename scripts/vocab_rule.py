@@ -5,7 +5,7 @@
     python scripts/vocab_rule.py --out /tmp/vocab_default --model default --seeds 0 1   # the default model, 5 minutes
 
 Subsets of the default corpus (Shakespeare's plays, data=shakespeare), every k-th play, are written as text files,
-and each is trained as a user's own corpus would be (data=text) at each --vocabs, with +experiment=quick's model and
+and each is trained as a user's own corpus would be (data=text) at each --vocabs, with model=llama_quick's model and
 2-minute budget (--model quick) or the default model and its 5-minute budget (--model default), one run at a time
 (a budget is wall-clock: runs side by side share the cores unevenly). Within a
 subset the split (by documents, or each document's tail) is the same for every vocab, and bits per byte divide out
@@ -42,7 +42,7 @@ def write_subsets(out: Path, play_counts: list[int]) -> dict[int, Path]:
     return subsets
 
 
-MODELS = {"quick": (["+experiment=quick"], "2m"), "default": ([], "5m")}  # overrides, budget
+MODELS = {"quick": (["model=llama_quick"], "2m"), "default": ([], "5m")}  # overrides, budget
 
 
 def train(folder: Path, vocab: int, seed: int, out: Path, model: str, budget: str, threads: int) -> dict:

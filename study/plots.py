@@ -1,10 +1,12 @@
 """compare.py's plots: val bpb against tokens or seconds, and final val bpb against the learning rate."""
+import math
 import statistics
 from pathlib import Path
 
 from storage.files import atomic_write, writing
 from study.lr import LRLine
 from study.runs import Variant
+from study.tables import delta_and_noise
 
 
 def lr_plot(lines: list[LRLine], init: float, unigram: float | None, path: Path) -> None:
@@ -64,28 +66,34 @@ def bpb_curve(variant: Variant, x: str) -> tuple[list[float], list[float], list[
             [min(b) for b in bpbs], [max(b) for b in bpbs])
 
 
-def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
-    """val bpb against training tokens, or against training seconds (x="elapsed_s") for an equal-time comparison."""
+def plot(variants: list[Variant], path: Path, x: str = "tokens", baseline: Variant | None = None) -> None:
+    """val bpb against training tokens, or against training seconds (x="elapsed_s") for an equal-time comparison;
+    with a baseline, a panel below of each variant's final Δ bpb against it (delta_panel)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
     scale, label = (1e6, "training tokens (M)") if x == "tokens" else (1.0, "training seconds")
-    # Left: whole runs. Right: the second half, where the variants separate; the first evals'
+    deltas = [(v, measured) for v in variants if baseline is not None and v is not baseline
+              and (measured := delta_and_noise(v, baseline)) is not None]
+    # Top left: whole runs. Top right: the second half, where the variants separate; the first evals'
     # high bpb would otherwise flatten every difference that matters.
-    fig, (whole, tail) = plt.subplots(1, 2, figsize=(13, 5))
+    fig = plt.figure(figsize=(13, 5 + (1.5 + 0.35 * len(deltas) if deltas else 0)))
+    grid = fig.add_gridspec(2 if deltas else 1, 2, height_ratios=[5, 1.5 + 0.35 * len(deltas)] if deltas else None)
+    whole, tail = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
     curves = [(variant, bpb_curve(variant, x)) for variant in variants]
     curves = [(variant, curve) for variant, curve in curves if curve[0]]
     last_x = max((curve[0][-1] for _, curve in curves), default=0)
     shown = [(lo, hi) for _, (xs, _, low, high) in curves for v, lo, hi in zip(xs, low, high) if v >= last_x / 2]
+    colors = {}
     for variant, (xs, mean, low, high) in curves:
         scaled = [v / scale for v in xs]
-        name = variant.name if len(variant.name) <= 60 else variant.name[:59] + "…"
         for ax in (whole, tail):  # a run with one eval is one point: drawn large enough to see
             (line,) = ax.plot(scaled, mean, marker="o", markersize=4 if len(xs) > 1 else 7,
-                              label=f"{name} (n={len(variant.runs)})")
+                              label=f"{short(variant.name)} (n={len(variant.runs)})")
             ax.fill_between(scaled, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
+        colors[variant.name] = line.get_color()
     for ax in (whole, tail):
         ax.set_xlabel(label)
         ax.set_ylabel("val bits per byte")
@@ -99,6 +107,32 @@ def plot(variants: list[Variant], path: Path, x: str = "tokens") -> None:
     tail.set_title("second half, zoomed")
     for ax in (whole, tail):
         ax.legend(fontsize=8)
+    if deltas:
+        delta_panel(fig.add_subplot(grid[1, :]), deltas, baseline.name, colors)
     fig.tight_layout()
     save_png(fig, path)
     plt.close(fig)
+
+
+def short(name: str) -> str:
+    return name if len(name) <= 60 else name[:59] + "…"
+
+
+def delta_panel(ax, deltas: list[tuple[Variant, tuple[float, float | None]]], baseline: str, colors: dict) -> None:
+    """Each variant's final Δ bpb against the baseline as a bar, its error bar the table's seed noise: two standard
+    errors of the difference (none where a side has one run), so a bar whose error bar crosses 0 is within it."""
+    rows = range(len(deltas))[::-1]  # the table's order, top down
+    for row, (variant, (delta, noise)) in zip(rows, deltas):
+        ax.barh(row, delta, height=0.6, color=colors.get(variant.name, "gray"), alpha=0.7,
+                xerr=noise, capsize=4, error_kw={"elinewidth": 1})
+        end = delta + math.copysign(noise or 0, delta)  # the number goes past the error bar, on the bar's side
+        ax.annotate(f"{delta:+.4f}" + (f" ± {noise:.4f}" if noise is not None else " (one run: no noise)"),
+                    (end, row), xytext=(4 if delta >= 0 else -4, 0), textcoords="offset points",
+                    ha="left" if delta >= 0 else "right", va="center", fontsize=8)
+    ax.set_yticks(list(rows), [short(variant.name) for variant, _ in deltas], fontsize=8)
+    ax.axvline(0, color="gray", linewidth=1)
+    ax.use_sticky_edges = False  # room either side of 0 (bars would pin the axis there) and for the numbers
+    ax.margins(x=0.3, y=0.5 / len(deltas))
+    ax.set_xlabel(f"final val bpb minus {short(baseline)}'s (lower is better)")
+    ax.set_title(f"Δ bpb vs {short(baseline)} (bar: mean over seeds; error bar: ± 2σ, the table's seed noise)")
+    ax.grid(alpha=0.3, axis="x")

@@ -18,20 +18,29 @@ def fmt_mean_std(values: list[float]) -> str:
     return f"{mean:.4f} ± {std:.4f}" if std is not None else f"{mean:.4f}"
 
 
+def delta_and_noise(variant: Variant, baseline: Variant) -> tuple[float, float | None] | None:
+    """The variant's mean final val bpb less the baseline's, and two standard errors of that difference (None where
+    either side has one run); None where either has no complete run."""
+    ours, theirs = variant.final("val_bpb"), baseline.final("val_bpb")
+    if not ours or not theirs:
+        return None
+    (mean_v, std_v), (mean_b, std_b) = mean_std(ours), mean_std(theirs)
+    if std_v is None or std_b is None:
+        return mean_v - mean_b, None
+    return mean_v - mean_b, 2 * math.sqrt(std_v ** 2 / len(ours) + std_b ** 2 / len(theirs))
+
+
 def difference(variant: Variant, baseline: Variant | None) -> tuple[str, str]:
     """(Δ bpb from the baseline, whether it is beyond seed noise)"""
     if baseline is None:
         return "", ""
     if variant is baseline:
         return "(baseline)", ""
-    ours, theirs = variant.final("val_bpb"), baseline.final("val_bpb")
-    if not ours or not theirs:
+    if (measured := delta_and_noise(variant, baseline)) is None:
         return "n/a", "n/a"
-    (mean_v, std_v), (mean_b, std_b) = mean_std(ours), mean_std(theirs)
-    delta = mean_v - mean_b
-    if std_v is None or std_b is None:
+    delta, noise = measured
+    if noise is None:
         return f"{delta:+.4f}", "n/a"
-    noise = 2 * math.sqrt(std_v ** 2 / len(ours) + std_b ** 2 / len(theirs))
     return f"{delta:+.4f}", f"{'yes' if abs(delta) > noise else 'no'} (2σ {noise:.4f})"
 
 
@@ -69,20 +78,6 @@ def equal_time_budget(runs: list[Run]) -> float | None:
     if not complete or len(budgets) != 1 or any(r.summary.get("ended_by") != "time_budget" for r in complete):
         return None
     return complete[0].summary.get("time_budget_s")
-
-
-def unequal_training_note(runs: list[Run]) -> str | None:
-    """A line when the complete runs trained different numbers of tokens, e.g. budgeted runs on a busy machine."""
-    tokens = {e[1] for e in map(extent, runs) if e}
-    if len(tokens) < 2:
-        return None
-    if (budget := equal_time_budget(runs)) is not None:
-        return (f"equal wall-clock: every run trained for train.time_budget={budget:g} s, so the tokens differ "
-                f"({min(tokens) / 1e6:.2f}-{max(tokens) / 1e6:.2f} M) by each variant's speed; the runs must have "
-                f"shared the machine alike (one at a time) for the comparison to hold")
-    return (f"note: the runs trained unequal numbers of tokens ({min(tokens) / 1e6:.2f}-{max(tokens) / 1e6:.2f} M): "
-            f"runs of other lengths, or budgeted runs on a slower or busier machine (a budget is wall-clock); "
-            f"compare like with like")
 
 
 def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:

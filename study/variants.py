@@ -1,4 +1,5 @@
 """Runs grouped into variants (seeds of one config, in one sweep), and each variant's name."""
+import functools
 import json
 import os
 from collections import Counter
@@ -94,10 +95,17 @@ def unexplained(settings: dict, overrides: list[str]) -> dict:
     """The settings that the config composed from these overrides does not have (all of them where it cannot be
     composed: a run of a group option since removed)."""
     try:
-        composed = compose_config(overrides)
+        config = composed(tuple(overrides))
     except UsageError:
         return settings
-    return {key: value for key, value in settings.items() if not composes_to(composed, key, value)}
+    return {key: value for key, value in settings.items() if not composes_to(config, key, value)}
+
+
+@functools.cache
+def composed(overrides: tuple[str, ...]) -> DictConfig:
+    """compose_config's config, composed once per process: naming the variants and weighing their speeds ask for
+    the same few many times."""
+    return compose_config(list(overrides))
 
 
 def composes_to(composed: DictConfig, key: str, value) -> bool:
@@ -111,11 +119,16 @@ def composes_to(composed: DictConfig, key: str, value) -> bool:
 
 
 def default_baseline(variants: list[Variant]) -> str:
-    """The variant the others are compared with when --baseline names none: the ablation's `baseline`, else the preset
-    run with no override of its own (named by its preset; of several, configs/config.yaml's own preset), else
-    `baseline` (no such variant: the table says which there are)."""
-    names = {v.name for v in variants}
-    presets = [v.name for v in variants if v.runs and v.name == v.runs[0].config.get("model", {}).get("name")]
-    if "baseline" in names or not presets:
+    """The variant the others are compared with when --baseline names none: the ablation's `baseline`, else the line
+    with no switch from its preset, named by its preset (overrides_name). Of several such lines (presets side by
+    side, or one preset's switches beside another preset's run), the one whose preset the most lines train: the
+    others are switches of it; of a tie, configs/config.yaml's own preset where it is one, else the first found.
+    Else `baseline` (no such variant: the table says which there are)."""
+    presets = Counter(v.runs[0].config.get("model", {}).get("name") for v in variants if v.runs)
+    alone = [v.name for v in variants if v.runs and v.name == v.runs[0].config.get("model", {}).get("name")]
+    if "baseline" in {v.name for v in variants} or not alone:
         return "baseline"
-    return presets[0] if len(presets) == 1 else compose_config([]).model.name
+    most = [name for name in alone if presets[name] == max(presets[name] for name in alone)]
+    if len(most) == 1:
+        return most[0]
+    return default if (default := compose_config([]).model.name) in most else most[0]

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from data_helpers import metrics, summary, train_in_process
 from errors import ConfigError
+from generation.engine import Engine
 from training import evaluate as evaluation, horizon
 from training.budget import SAMPLE_S_PER_TOKEN, TimeBudget, overrun_reason, parse_duration
 from training.horizon import Horizon
@@ -118,13 +119,41 @@ def test_the_budget_reserves_the_end_and_names_the_last_step():
     assert horizon.position(94, 94.5, 0.5) == (1.0, 0.0)  # the last step runs at the floor
 
 
+def test_the_bar_shows_what_is_left_by_the_limit_nearer_its_end():
+    """Horizon.standing, the progress bar's share and text: the budget's time left, or the steps done of max_steps
+    and their time left at the pace so far; with both limits, whichever is nearer its end."""
+    assert Horizon(None, None, TimeBudget(10.0, 0, 0.0, 0)).standing(176, 4.0) == (
+        0.4, "176 steps, 00:06 left of 00:10")
+    assert Horizon(300, 300, None).standing(100, 20.0) == (pytest.approx(1 / 3), "100/300 steps, 00:40 left")
+    both = Horizon(300, 300, TimeBudget(3600.0, 0, 0.0, 0))
+    assert both.standing(100, 1800.0) == (0.5, "100 steps, 30:00 left of 1:00:00")
+    assert both.standing(200, 1800.0) == (pytest.approx(2 / 3), "200/300 steps, 15:00 left")
+
+
+def test_a_budgeted_run_evaluates_each_fifth_of_its_steps_time_since_its_last_eval():
+    """1 s steps in a 100 s budget, nothing reserved yet: an eval is due once 20 s have gone to steps since the
+    last. The first eval's 30 s does not count as steps' time, so it does not make the next eval due at once; it goes
+    into the reserve (capped at 25 s), and the fifth is then of the 75 s left for steps: 15 s."""
+    budget = TimeBudget(100.0, sample_tokens=0, eval_per_step=0.0, num_params=0)
+    runs = Horizon(None, None, budget)
+    due = []
+    for step in range(1, 60):
+        budget.record("step", 1.0)  # the first is the session's warm-up: not a step's time
+        if runs.evaluates(step, interval=1000):
+            due.append(step)
+            budget.record("eval", 30.0 if step == 21 else 0.0)
+    assert due == [21, 36, 51]
+    assert not Horizon(None, None, None).evaluates(21, 1000) and Horizon(None, None, None).evaluates(2000, 1000)
+
+
 class FakeClock:
-    """The training time as the test decides it: it moves only when a training forward (a micro-batch) or an
-    eval runs, by what each is set to cost, so a budgeted run ends at the same step on any machine, idle or busy.
+    """The training time as the test decides it: it moves only when a training forward (a micro-batch), an eval or
+    a sample runs, by what each is set to cost, so a budgeted run ends at the same step on any machine, idle or busy.
     `first_forward_s`: the first forward of a session, the step that carries a compile."""
 
-    def __init__(self, forward_s: float, first_forward_s: float | None = None, eval_s: float = 0.0):
-        self.now, self.forward_s, self.eval_s = 0.0, forward_s, eval_s
+    def __init__(self, forward_s: float, first_forward_s: float | None = None, eval_s: float = 0.0,
+                 sample_s: float = 0.0):
+        self.now, self.forward_s, self.eval_s, self.sample_s = 0.0, forward_s, eval_s, sample_s
         self.first_forward_s = first_forward_s
 
     def __call__(self) -> float:
@@ -137,8 +166,8 @@ class FakeClock:
 
 def train_on_clock(run_dir: Path, overrides: list[str], clock: FakeClock, monkeypatch) -> None:
     """`python train.py <overrides> hydra.run.dir=<run_dir>` in this process, its training time read from `clock`
-    (training.horizon.read_time), which the loss and the eval train.py imports advance."""
-    real_loss, real_evaluate = evaluation.next_token_loss, evaluation.evaluate
+    (training.horizon.read_time), which the loss, the eval and the sample train.py imports advance."""
+    real_loss, real_evaluate, real_complete = evaluation.next_token_loss, evaluation.evaluate, Engine.complete
 
     def loss(model, *args):
         if model.training:  # the loop's forward; the eval calls it too, and costs eval_s in all
@@ -149,9 +178,14 @@ def train_on_clock(run_dir: Path, overrides: list[str], clock: FakeClock, monkey
         clock.now += clock.eval_s
         return real_evaluate(*args)
 
+    def complete(*args, **kwargs):
+        clock.now += clock.sample_s
+        return real_complete(*args, **kwargs)
+
     monkeypatch.setattr(horizon, "read_time", clock)
     monkeypatch.setattr(evaluation, "next_token_loss", loss)
     monkeypatch.setattr(evaluation, "evaluate", evaluate)
+    monkeypatch.setattr(Engine, "complete", complete)
     assert train_in_process(run_dir, overrides, monkeypatch) == 0
     monkeypatch.undo()  # the next session reads a clock of its own
 
@@ -215,9 +249,41 @@ def test_an_end_dearer_than_a_quarter_of_the_budget_runs_past_it_and_says_so(wor
         (10, pytest.approx(0.2)), (20, pytest.approx(1.4)), (21, pytest.approx(2.42))]
     assert result["steps"] == 21 and result["elapsed_s"] == pytest.approx(3.42)
     assert result["over_budget_s"] == pytest.approx(0.42) and result["budget_fraction"] == pytest.approx(3.42 / 3)
-    assert capsys.readouterr().err.splitlines()[-1].startswith(
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "notice: the run's end (eval 1.0 s, sample 0.0 s, ckpt 0.0 s) went 0.4 s past train.time_budget=3 s: the "
-        "end's reserve is at most 25% of the budget (training/budget.py)")
+        "end's reserve is at most 25% of the budget (training/budget.py); to fit it, lower train.eval_tokens=256 "
+        "(eval 1.0 s) or train.sample_tokens=8 (sample 0.0 s), or raise train.time_budget")
+
+
+@pytest.fixture(scope="module")
+def short(workdir, tiny) -> tuple[Path, str, str]:
+    """A 10 s budget at 0.5 s a step (two forwards of 0.25 s), its evals free and its sample 1 s (estimated at 8 x
+    0.02 s until timed), with FEW_LINES' intervals (200 steps) past its end: the run dir, stdout and stderr."""
+    run_dir = workdir / "short"
+    with pytest.MonkeyPatch.context() as monkeypatch, contextlib.redirect_stdout(io.StringIO()) as out, \
+            contextlib.redirect_stderr(io.StringIO()) as err:
+        train_on_clock(run_dir, [*tiny, *FEW_LINES, "train.time_budget=10", "train.max_steps=null", "latest_link=null"],
+                       FakeClock(0.25, sample_s=1.0), monkeypatch)
+    return run_dir, out.getvalue(), err.getvalue()
+
+
+def test_a_budgeted_run_bar_shows_the_time_left(short):
+    """After step 6 the clock reads 4 s: five steps of 0.5 s and the 1 s sample of step 5's eval."""
+    _, _, bar = short
+    assert " 40%|" in bar and "| 6 steps, 00:06 left of 00:10, loss=" in bar
+
+
+def test_a_short_run_evaluates_a_few_times_and_its_end_fits_its_measured_sample(short):
+    """eval_interval=200 is past the run's 15 steps, yet it evaluates four times: at step 5, once 2 s of steps (a
+    fifth of the budget less the reserve) follow the warm-up step, then each 2 s of steps, and at its end. Its first
+    eval samples too, so the reserve holds the sample's 1 s, not its 0.16 s estimate, and the end fits the budget."""
+    run_dir, printed, _ = short
+    result = summary(run_dir)
+    assert [m["step"] for m in metrics(run_dir) if "val_bpb" in m] == [5, 9, 13, 15]
+    assert "---- sample at step 5 ----" in printed and "---- sample at step 15 ----" in printed
+    # steps 1-15 take 7.5 s and the two samples 2 s: step 15 was the last, since another would have left no room for
+    # the 1 s sample (the reserve, with the checkpoint's estimate of 12 x 22,080 bytes at 100 MB/s)
+    assert result["end_costs_s"]["sample"] == 1.0 and result["elapsed_s"] == 9.5 and "over_budget_s" not in result
 
 
 def test_an_overrun_is_put_down_to_the_cap_only_when_the_end_costs_more_than_it():
@@ -230,9 +296,10 @@ def test_an_overrun_is_put_down_to_the_cap_only_when_the_end_costs_more_than_it(
 def test_a_resumed_budgeted_run_ends_when_the_whole_budget_is_spent(resumed):
     result, lines = summary(resumed), metrics(resumed)
     assert result["ended_by"] == "time_budget" and result["steps"] > 40
-    # the resumed session times no sample before its end (step 200 is past it): the sample's estimate
-    # (8 tokens x SAMPLE_S_PER_TOKEN) and up to two steps of 0.02 s are what the budget leaves unused
-    assert BUDGET_S - 8 * SAMPLE_S_PER_TOKEN - 2 * 0.02 <= result["elapsed_s"] <= BUDGET_S
+    # the resumed session samples with its first eval, so its reserve holds the sample as timed (0 s on this clock),
+    # not its estimate (8 tokens x SAMPLE_S_PER_TOKEN): the budget leaves a step of 0.02 s at most unused, and the
+    # estimate of the checkpoint (12 x 22,080 bytes at 100 MB/s), which no checkpoint before the end measured
+    assert BUDGET_S - 0.02 - 0.003 <= result["elapsed_s"] <= BUDGET_S
     assert [m["step"] for m in lines] == sorted({m["step"] for m in lines})  # one line per step, no gap in order
     assert lines[-1]["lr"] == OmegaConf.load(CONFIG_DIR / "config.yaml").train.min_lr
     lrs = [m["lr"] for m in lines]
@@ -245,8 +312,10 @@ def test_max_steps_under_the_default_budget_logs_the_step_schedule(workdir, tiny
     (a warm-up over 2 steps, then the cosine down to min_lr at step 8), and the start line says which limit ends it."""
     run_dir = workdir / "steps-under-budget"
     train_on_clock(run_dir, [*tiny, "train.time_budget=5m", "latest_link=null"], FakeClock(1.0), monkeypatch)
-    assert "ends at train.max_steps=8 or when train.time_budget=300 s is spent, whichever comes first" in \
-        capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "ends at train.max_steps=8 or when train.time_budget=300 s is spent, whichever comes first" in printed.out
+    # 2 s a step (two forwards of 1 s): the steps are nearer their end than the 300 s, so the bar counts them
+    assert " 50%|" in printed.err and "| 4/8 steps, 00:08 left, loss=" in printed.err
     train_on_clock(workdir / "steps-only", [*tiny, "latest_link=null"], FakeClock(1.0), monkeypatch)
     lrs = [m["lr"] for m in metrics(run_dir)]
     assert lrs == [m["lr"] for m in metrics(workdir / "steps-only")]

@@ -1,9 +1,12 @@
 """compare.py on run dirs written here the way train.py writes them: the table's numbers against
 means and stds computed independently, seeds grouped into variants, incomplete runs reported
-without a crash, and the plot written."""
+without a crash, and the plot written; and on real tiny runs of train.py, the warnings that a comparison is not
+fair."""
 import json
 import math
 import shutil
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -12,9 +15,12 @@ from matplotlib.image import imread
 from omegaconf import OmegaConf
 
 import compare
+from data_helpers import ROOT, run_script, run_train, start_script, summary
 from settings import compose_config
+from study.fairness import SPEED_SPREAD, measured_rate
 from study.plots import bpb_curve
 from study.runs import find_run_dirs, load_run
+from study.tables import delta_and_noise
 from study.variants import group_runs
 
 MAX_STEPS = 6
@@ -250,7 +256,7 @@ def test_runs_that_trained_unequal_tokens_show_it(tmp_path, capsys):
     out = capsys.readouterr().out
     (row,) = table_rows(out).values()
     assert (row["runs (n)"], row["steps"], row["tokens (M)"], row["elapsed s"]) == ("2", "93-340", "0.09-0.34", "19-68")
-    assert "note: the runs trained unequal numbers of tokens (0.09-0.34 M)" in out
+    assert "warning: the runs trained unequal numbers of tokens (93,000-340,000): runs of other lengths" in out
 
 
 def write_budgeted_run(run_dir, variant, seed, final_bpb, steps, seconds=60):
@@ -460,3 +466,155 @@ def test_two_presets_alone_are_named_by_their_presets_and_the_default_one_is_the
     rows = table_rows(capsys.readouterr().out)
     assert list(rows) == ["llama_tiny", "moe_tiny"]
     assert float(rows["moe_tiny"]["Δ bpb vs baseline"]) == pytest.approx(-0.1)
+
+
+def test_the_plot_shows_each_variant_s_delta_with_the_table_s_seed_noise(sweep, tmp_path, capsys, monkeypatch):
+    """Below the curves, --plot draws a bar per variant: its Δ bpb against the baseline, and an error bar of the
+    table's 2σ (none for relu's one run); without a baseline, the curves alone."""
+    drawn = []
+    monkeypatch.setattr("study.plots.save_png", lambda fig, path: drawn.append(fig))
+    compare.main([str(sweep), "--plot", str(tmp_path / "ablation.png")])
+    compare.main([str(sweep), "--plot", str(tmp_path / "ablation.png"), "--baseline", "none"])
+    assert "and each variant's Δ bpb with its seed noise" in capsys.readouterr().out
+    with_deltas, curves_only = drawn
+    assert len(with_deltas.axes) == 3 and len(curves_only.axes) == 2
+    panel = with_deltas.axes[2]
+    rows = {label.get_text(): y for label, y in zip(panel.get_yticklabels(), panel.get_yticks())}
+    assert rows == {"layernorm": 2, "mha": 1, "relu": 0}  # the table's order, top down
+    base = np.array(FINAL_BPB["baseline"])
+    deltas = {name: np.mean(finals) - base.mean() for name, finals in FINAL_BPB.items() if name != "baseline"}
+    noise = {name: 2 * math.sqrt(np.var(finals, ddof=1) / 3 + base.var(ddof=1) / 3)
+             for name, finals in FINAL_BPB.items() if name != "baseline"}
+    widths = [bar.get_width() for bar in panel.patches]
+    assert widths == pytest.approx([deltas["layernorm"], deltas["mha"], 2.5 - base.mean()])  # +0.09, +0.0033, +0.48
+    # the error bars: from Δ - 2σ to Δ + 2σ, layernorm's 0.025 and mha's 0.038; relu has one run, so none
+    bars = [segment for collection in panel.collections for segment in collection.get_segments()]
+    assert [(low[0], high[0]) for low, high in bars] == pytest.approx(
+        [(deltas[v] - noise[v], deltas[v] + noise[v]) for v in ("layernorm", "mha")])
+
+
+def test_the_baseline_is_the_preset_the_other_lines_switch_from(tmp_path, capsys):
+    """A date folder of outputs/: `python train.py` (llama_tiny, 5 minutes, 4 layers), and 2-minute runs of
+    modern_tiny, alone and with a switch each. Both presets alone are lines with no switch from their preset; the
+    baseline is the one the other lines are switches of, modern_tiny, not configs/config.yaml's llama_tiny."""
+    day = tmp_path / "outputs" / "2025-01-01"
+    two_minutes = ["model=modern_tiny", "train.time_budget=2m"]
+    preset_run(day / "19-40-00", two_minutes, 0, 2.10)
+    preset_run(day / "19-44-00", [*two_minutes, "norm=layernorm"], 0, 2.15)
+    preset_run(day / "19-48-00", [*two_minutes, "position=learned"], 0, 2.20)
+    preset_run(day / "19-52-57", [], 0, 2.00)
+    compare.main([str(day)])
+    rows = table_rows(capsys.readouterr().out)
+    assert list(rows) == ["modern_tiny", "norm=layernorm", "position=learned", "llama_tiny"]
+    assert rows["modern_tiny"]["Δ bpb vs baseline"] == "(baseline)"
+    assert float(rows["llama_tiny"]["Δ bpb vs baseline"]) == pytest.approx(-0.10)
+
+
+SLICE_S = 0.02  # one round of the scheduler's time slices below
+
+
+def trained_slowed(run_dir, *overrides, share: float = 0.15) -> None:
+    """train.py on run_dir given `share` of the wall clock, as a machine busy with other work gives a run its time
+    slices: stopped and continued in turn (SIGSTOP, SIGCONT). Its steps take about 1 / share as long, 7x at 0.15,
+    while no core is kept busy, so the tests beside it keep their own speed."""
+    started = start_script(ROOT / "train.py", *overrides, f"hydra.run.dir={run_dir}")
+    try:
+        while started.poll() is None:
+            time.sleep(SLICE_S * share)
+            started.send_signal(signal.SIGSTOP)
+            time.sleep(SLICE_S * (1 - share))
+            started.send_signal(signal.SIGCONT)
+    finally:
+        started.send_signal(signal.SIGCONT)
+    out, err = started.communicate()
+    assert started.returncode == 0, err
+
+
+def trained(run_dir, *overrides):
+    done = run_train(run_dir, *overrides)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture(scope="module")
+def llama_parts(tiny) -> list[str]:
+    """data_helpers' tiny run with llama_tiny's own components (tiny_run switches its norm)."""
+    return [override for override in tiny if override != "norm=layernorm"]
+
+
+def test_lines_at_one_shared_lr_are_warned_of_and_the_preset_s_own_line_is_the_baseline(llama_parts, tmp_path,
+                                                                                         capsys):
+    """The student's multirun, `train.py -m ... ffn=swiglu,relu train.seed=0,1`: both lines at llama_tiny's one lr.
+    SwiGLU is the preset's own FFN, so its line is the baseline without --baseline, named by the preset; and a
+    warning says that the Δ holds each line's distance from its own best lr."""
+    done = run_script(ROOT / "train.py", "-m", *llama_parts, "ffn=swiglu,relu", "train.seed=0,1",
+                      f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    compare.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    rows = table_rows(out)
+    assert list(rows) == ["llama_tiny", "ffn=relu"] and rows["llama_tiny"]["Δ bpb vs baseline"] == "(baseline)"
+    assert rows["ffn=relu"]["runs (n)"] == "2"
+    assert ("\nwarning: at a shared lr (0.0025): the differences include each line's distance from its best lr; "
+            "compare at each line's own rate (python train.py -m +experiment=ablation ablation=..., or a train.lr "
+            "sweep of each line, which compare.py compares at each line's best)\n") in out
+
+
+def test_seeds_of_one_line_at_different_speeds_are_warned_of(llama_parts, tmp_path, capsys):
+    """Two seeds of one line, 80 steps each (0.3 s at 65,000 tokens/s), the second given a seventh of the machine
+    (trained_slowed): one model, so the tokens/s column's mean of the two measures the load."""
+    steps = [*llama_parts, "train.max_steps=80", "train.eval_interval=80", "train.ckpt_interval=80",
+             "train.sample_interval=80"]
+    trained(tmp_path / "seed0", *steps, "train.seed=0")
+    trained_slowed(tmp_path / "seed1", *steps, "train.seed=1")
+    idle, busy = (summary(tmp_path / f"seed{seed}")["tokens_per_s"] for seed in (0, 1))
+    assert idle / busy > SPEED_SPREAD
+    compare.main([str(tmp_path)])
+    assert (f"\nwarning: the machine's speed changed during these runs (llama_tiny's seeds at {busy:,.0f}-{idle:,.0f} "
+            f"tokens/s): the tokens/s column measures the load, not the lines (python bench.py measures them on an "
+            f"idle one)\n") in capsys.readouterr().out
+
+
+def test_presets_at_different_shares_of_their_reference_speed_are_warned_of(tiny, tmp_path, capsys):
+    """llama_quick, then llama_tiny given a seventh of the machine (trained_slowed), one 1-second budget each: each trains its preset's own
+    model, so its tokens/s over its preset's train.reference_tokens_per_s is the machine's share, about 60% and 12%
+    here. The budget bought llama_tiny a few steps where llama_quick took about 18."""
+    presets = [override for override in tiny if not override.startswith(("norm=", "model."))]
+    budget = ["train.time_budget=1", "train.max_steps=null", "train.eval_interval=1000", "train.ckpt_interval=1000",
+              "train.sample_interval=1000"]
+    trained(tmp_path / "llama_quick", *presets, *budget, "model=llama_quick")
+    trained_slowed(tmp_path / "llama_tiny", *presets, *budget, "model=llama_tiny")
+    shares = sorted(summary(tmp_path / preset)["tokens_per_s"]
+                    / OmegaConf.load(tmp_path / preset / "config.yaml").train.reference_tokens_per_s
+                    for preset in ("llama_quick", "llama_tiny"))
+    assert shares[1] / shares[0] > SPEED_SPREAD
+    compare.main([str(tmp_path)])
+    assert (f"\nwarning: the machine's speed changed during these runs (the presets' runs at {shares[0]:.0%}-"
+            f"{shares[1]:.0%} of their train.reference_tokens_per_s): a time budget bought each run the steps its "
+            f"share of the machine allowed; compare at equal tokens (train.max_steps, +experiment=ablation)\n"
+            ) in capsys.readouterr().out
+
+
+def test_lines_that_trained_unequal_tokens_are_warned_of(llama_parts, tmp_path, capsys):
+    """llama_tiny for 8 steps and ffn=relu for 12 (8 x 32 tokens a step)."""
+    trained(tmp_path / "swiglu", *llama_parts, "train.max_steps=8")
+    trained(tmp_path / "relu", *llama_parts, "ffn=relu", "train.max_steps=12")
+    compare.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert table_rows(out)["ffn=relu, train.max_steps=12"]["tokens (M)"] == "0.00"  # too few for the table to tell
+    assert ("\nwarning: the runs trained unequal numbers of tokens (2,048-3,072): runs of other lengths, or budgeted "
+            "runs on a slower or busier machine (a budget is wall-clock), so each line's bpb is partly its length; "
+            "compare at equal tokens (train.max_steps, +experiment=ablation)\n") in out
+
+
+def test_a_fair_comparison_prints_no_warning(llama_parts, tmp_path, capsys):
+    """`train.py -m +experiment=ablation ablation=baseline,relu train.seed=0,1`: equal tokens, each line at the rate
+    configs/ablation/ records for it (both 0.004), and the seeds of a line run back to back on a steady machine, for
+    long enough (0.3 s) that their tokens/s count."""
+    done = run_script(ROOT / "train.py", "-m", "+experiment=ablation", "ablation=baseline,relu", "train.seed=0,1",
+                      *llama_parts, "model.n_heads=2", "train.max_steps=80", "train.eval_interval=40",
+                      "train.diagnostics=false", f"hydra.sweep.dir={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    assert all(measured_rate(load_run(run_dir)) for run_dir in find_run_dirs(tmp_path))  # each seed's speed counts
+    compare.main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert list(table_rows(out)) == ["baseline", "relu"] and "warning" not in out

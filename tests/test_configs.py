@@ -53,8 +53,6 @@ def test_modern_tiny_is_llama_tiny_with_what_came_after_at_its_own_learning_rate
     assert (modern.train.lr, modern.train.min_lr, modern.train.muon_lr) == (2 * llama.train.lr, 2 * llama.train.min_lr,
                                                                            2 * llama.train.lr)
     assert compose_config(["model=modern_tiny", "train.lr=1e-3"]).train.muon_lr == 1e-3
-    assert compose_config(["model=modern_tiny", "+experiment=quick"]).train.lr == compose_config(
-        ["+experiment=quick"]).train.lr
 
 
 def test_deepseek_tiny_is_llama_tiny_with_the_studys_mla_at_its_parameters_and_an_mqa_sized_cache():
@@ -208,13 +206,23 @@ def test_a_value_of_the_wrong_type_is_refused_at_composition_with_its_key():
     assert compose_config(["train.lr=1"]).train.lr == 1.0 and isinstance(compose_config(["train.lr=1"]).train.lr, float)
 
 
-def test_the_quick_experiment_is_the_two_minute_grids_winner():
+def test_llama_quick_is_the_two_minute_grids_winner():
     """docs/training.md: d 128, 2 layers, context 128, 1024 pieces, batch 16, lr 5e-3, for 2 minutes."""
-    cfg = compose_config(["+experiment=quick"])
+    cfg = compose_config(["model=llama_quick", "+experiment=quick"])
     assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads, cfg.model.context_length) == (128, 2, 4, 128)
     assert (cfg.data.vocab_size, cfg.train.batch_size, cfg.train.lr, cfg.train.min_lr) == (1024, 16, 5e-3, 5e-4)
     assert cfg.train.time_budget == "2m" and cfg.train.max_steps is None
     assert compose_config([]).train.time_budget == "5m"
+
+
+@pytest.mark.parametrize("preset", sorted(path.stem for path in (CONFIG_DIR / "model").glob("*.yaml")))
+def test_quick_shortens_every_preset_and_changes_nothing_else(preset):
+    """+experiment=quick is 2 minutes of the preset itself: its model, its layer pattern, its learning rate and its
+    reference rate, so that a qwen35_tiny run keeps its attention layer and its speed is judged against its own."""
+    own, quick = compose_config([f"model={preset}"]), compose_config([f"model={preset}", "+experiment=quick"])
+    assert quick.model == own.model and quick.data == own.data
+    assert {key for key in own.train if own.train[key] != quick.train[key]} <= {"time_budget"}  # speedrun's is 2m
+    assert quick.train.time_budget == "2m"
 
 
 def test_a_multiruns_check_composes_every_value_of_every_swept_key_once():

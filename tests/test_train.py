@@ -353,7 +353,7 @@ def test_a_resume_is_the_run_it_continues(workdir, tiny):
     the safe changes named on one notice line, and an override that would change the checkpoint refused before
     anything is written (the other refusals: tests/test_train_parts.py)."""
     run_dir = workdir / "resume-own"
-    first = train(run_dir, *tiny, "+experiment=quick", "train.max_steps=4", "train.lr=0.004")
+    first = train(run_dir, *tiny, "model=llama_quick", "+experiment=quick", "train.max_steps=4", "train.lr=0.004")
     assert first.returncode == 0, first.stderr[-3000:]
     resumed = train(run_dir, "train.resume=true", "train.max_steps=6", "train.eval_interval=3")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -362,7 +362,7 @@ def test_a_resume_is_the_run_it_continues(workdir, tiny):
         f"(was 4), train.eval_interval=3 (was 4)"]
     config = OmegaConf.load(run_dir / "config.yaml")
     assert (config.model.name, config.model.n_layers, config.model.norm) == ("llama_quick", 1, "layernorm")
-    assert (config.train.lr, config.data.name, config.wandb.name) == (0.004, "text", "quick-norm=layernorm")
+    assert (config.train.lr, config.data.name, config.wandb.name) == (0.004, "text", "llama_quick-norm=layernorm")
     assert run_summary(run_dir)["steps"] == 6 and [m["step"] for m in metrics(run_dir)][-1] == 6
     refused = train(run_dir, "train.resume=true", "train.max_steps=8", "model.n_layers=4")
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [

@@ -308,7 +308,7 @@ def test_a_null_micro_batch_is_the_largest_divisor_up_to_the_maximum(batch_size,
     ({"model": "transformer2017_tiny", "norm": "layernorm", "norm_position": "post", "position": "rope",
       "attention": "mha", "ffn": "relu", "data": "shakespeare"}, "transformer2017_tiny-position=rope"),
     ({"model": "llama_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
-      "ffn": "relu", "data": "shakespeare", "experiment": "quick"}, "quick-ffn=relu"),
+      "ffn": "relu", "data": "shakespeare", "experiment": "quick"}, "llama_tiny-ffn=relu"),
     ({"model": "llama_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
       "ffn": "swiglu", "qk_norm": "rmsnorm", "optim": "muon", "data": "text"}, "llama_tiny-qk_norm=rmsnorm-optim=muon"),
     ({"model": "modern_tiny", "norm": "rmsnorm", "norm_position": "pre", "position": "rope", "attention": "gqa",
@@ -355,7 +355,7 @@ def test_wandb_mode_is_offline_without_a_login(tmp_path, monkeypatch):
         wandb_mode("cloud")
 
 
-QUICK_RUN = ["+experiment=quick", "norm=layernorm", "train.lr=0.004", "train.max_steps=40"]
+QUICK_RUN = ["model=llama_quick", "+experiment=quick", "norm=layernorm", "train.lr=0.004", "train.max_steps=40"]
 
 
 def resumed(run: list[str], command_line: list[str]) -> tuple[dict, list[str]]:

@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 
 from omegaconf import DictConfig
+from tqdm import tqdm
 
 from training.budget import TimeBudget, parse_duration
 from training.optim import lr_at
@@ -93,6 +94,28 @@ class Horizon:
             record["ended_by"] = "max_steps" if step >= self.max_steps else "time_budget"
         return record
 
+    def standing(self, step: int, elapsed: float) -> tuple[float, str]:
+        """For the progress bar, after `step` steps and `elapsed` seconds: the share of the run done and what is left,
+        by the limit nearer its end: the budget's time, or train.max_steps with their time at the pace so far."""
+        by_steps = step / self.max_steps
+        if self.budget is not None and elapsed / self.budget.seconds >= by_steps:
+            left = max(self.budget.seconds - elapsed, 0.0)
+            return elapsed / self.budget.seconds, (f"{step} steps, {clock_time(left)} left of "
+                                                   f"{clock_time(self.budget.seconds)}")
+        return by_steps, f"{step}/{self.max_steps} steps, {clock_time(elapsed / step * (self.max_steps - step))} left"
+
+    def evaluates(self, step: int, interval: int) -> bool:
+        """The step just done evaluates: every `interval` steps. A budgeted run, whose step count is not known in
+        advance, also does when a fifth of its time for steps has gone to steps since its last eval
+        (training/budget.py), so that a short or slow run's curve has points; a run counted in steps evaluates as
+        before, bit-exact."""
+        return step % interval == 0 or (self.budget is not None and self.budget.eval_due)
+
+    def samples(self, step: int, interval: int, evaluated: bool) -> bool:
+        """The step just done samples: every `interval` steps, and in a budgeted run with its session's first eval too,
+        so that the end's reserve holds a sample's measured time, not its estimate."""
+        return step % interval == 0 or (evaluated and self.budget is not None and "sample" not in self.budget.measured)
+
     def budget_fraction(self, elapsed: float) -> dict:
         """The budget's share spent, for a metrics line: nothing for a run without a budget."""
         return {} if self.budget is None else {"budget_fraction": elapsed / self.budget.seconds}
@@ -108,6 +131,11 @@ class Horizon:
         started = read_time()
         yield
         self.record(what, read_time() - started)
+
+
+def clock_time(seconds: float) -> str:
+    """mm:ss (h:mm:ss past an hour), to the nearest second."""
+    return tqdm.format_interval(round(seconds))
 
 
 class Clock:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from errors import ConfigError
 from settings import CONFIG_DIR
 from storage.files import atomic_symlink, atomic_write, write_json, writing
-from training.budget import overrun_reason
+from training.budget import overrun_notice
 
 WANDB_MODES = ("online", "offline", "disabled")
 SESSION_KEYS = ("tokens_per_s", "first_step_s", "session_start_step")  # summary.json's figures of the last session
@@ -48,9 +48,9 @@ def has_wandb_login() -> bool:
 
 
 def default_run_name(choices: dict) -> str:
-    """The experiment (+experiment=quick) or else the preset, then every component group chosen differently
-    from the preset's own defaults, e.g. `llama_tiny-norm=layernorm-ffn=relu`, `quick-ffn=relu` (choices:
-    Hydra's group -> option of this run)."""
+    """The preset, then every component group chosen differently from the preset's own defaults, e.g.
+    `llama_tiny-norm=layernorm-ffn=relu`, whatever the experiment (+experiment=quick shortens a run, not its model)
+    (choices: Hydra's group -> option of this run)."""
     preset = choices["model"]
     preset_defaults = OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml").get("defaults", [])
     switched = []
@@ -59,7 +59,7 @@ def default_run_name(choices: dict) -> str:
             group = key.removeprefix("override /")
             if choices.get(group) != option:
                 switched.append(f"{group}={choices.get(group)}")
-    return "-".join([choices.get("experiment") or preset, *switched])
+    return "-".join([preset, *switched])
 
 
 def keep_metrics_up_to(path: Path, step: int) -> dict:
@@ -111,24 +111,35 @@ def start_tracking(cfg: DictConfig, run_dir: Path, mode: str, name: str, progres
     return tracker
 
 
+BAR = "{l_bar}{bar:20}| "  # the share of the run done; the text after it is the step's (Throughput.add)
+
+
+def progress_bar(name: str, disable: bool) -> tqdm:
+    """The run's one bar: its n is the share of the run done (of 1), drawn by Throughput.add after each step."""
+    return tqdm(total=1, desc=name, disable=disable, bar_format=BAR)
+
+
 class Throughput:
     """Training tokens per second: of the session (summary.json), of the steps since the last logged line
-    (metrics.jsonl) and of one step (the progress bar, drawn here with each step's loss). The first step's
-    time is kept apart: with train.compile=true it is the compilation."""
+    (metrics.jsonl) and of one step (the progress bar, drawn here with what is left of the run and each step's
+    loss). The first step's time is kept apart: with train.compile=true it is the compilation."""
 
-    def __init__(self, tokens_per_step: int, bar: tqdm):
+    def __init__(self, tokens_per_step: int, start_step: int, bar: tqdm):
         self.tokens_per_step, self.bar = tokens_per_step, bar
-        self.start_step = bar.n  # where this session's steps start: a resumed run's bar starts at its checkpoint
+        self.start_step = start_step  # where this session's steps start: a resumed run's at its checkpoint
         self.steps, self.seconds = 0, 0.0
         self.window_steps, self.window_seconds = 0, 0.0
         self.first_step_s = None
 
-    def add(self, step_s: float, loss: float) -> None:
+    def add(self, step_s: float, loss: float, standing: tuple[float, str]) -> None:
+        """One step's time and loss; standing: the share of the run done and what is left (Horizon.standing)."""
         self.first_step_s = self.first_step_s or step_s
         self.steps, self.seconds = self.steps + 1, self.seconds + step_s
         self.window_steps, self.window_seconds = self.window_steps + 1, self.window_seconds + step_s
-        self.bar.update()
-        self.bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{self.tokens_per_step / step_s:,.0f}")
+        self.bar.n, left = standing
+        # the text goes into the format itself: tqdm's postfix would start it with a comma
+        self.bar.bar_format = BAR + f"{left}, loss={loss:.3f}, tok_s={self.tokens_per_step / step_s:,.0f}"
+        self.bar.refresh()
 
     def window_rate(self) -> float:
         """Since the last call."""
@@ -169,6 +180,7 @@ class Tracker:
                  wandb_id: str, summary: dict, resume_step: int | None):
         self.run_dir, self.name, self.summary = run_dir, name, summary
         self.reference_tokens_per_s, self.model_name = cfg.train.reference_tokens_per_s, cfg.model.name
+        self.eval_tokens, self.sample_tokens = cfg.train.eval_tokens, cfg.train.sample_tokens  # what sizes the end
         # a resumed run's last session's throughput, kept where this session trains no step
         before = read_summary(run_dir) if resume_step is not None else {}
         self.session_before = {key: before[key] for key in SESSION_KEYS if before.get(key) is not None}
@@ -227,7 +239,4 @@ class Tracker:
         print(early_line or end_of_run_line(self.name, progress, meter, self.reference_tokens_per_s, self.model_name),
               file=sys.stderr)
         if "over_budget_s" in horizon:
-            costs, budget = horizon["end_costs_s"], horizon["time_budget_s"]
-            print(f"notice: the run's end ({', '.join(f'{what} {s:.1f} s' for what, s in costs.items())}) went "
-                  f"{horizon['over_budget_s']:.1f} s past train.time_budget={budget:g} s: "
-                  f"{overrun_reason(costs, budget)} (training/budget.py)", file=sys.stderr)
+            print(overrun_notice(horizon, self.eval_tokens, self.sample_tokens), file=sys.stderr)
