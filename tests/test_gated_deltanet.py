@@ -10,6 +10,7 @@ import torch
 from data_helpers import train_in_process
 from errors import ConfigError
 from generation.engine import Engine
+from insight.attention import attention_inputs, attention_maps
 from interop_helpers import one_error_line
 from model import ModelConfig, Transformer
 from model.attention import Attention
@@ -235,3 +236,24 @@ def test_each_layer_counts_its_own_flops():
     assert hybrid.flops_per_token(16, training=False) == sum(
         type(b.attn).flops_per_token(cfg, i, 16) + b.ffn.flops_per_token(cfg, i, 16)
         for i, b in enumerate(hybrid.blocks)) + 2 * 32 * 64
+
+
+def test_the_reports_map_of_a_linear_layer_is_what_its_state_reads_without_the_delta_rule():
+    """insight's attention maps (Mixer.weights) of a hybrid: a linear layer's is its gate-faded q . k, so that without
+    the delta rule's correction (gated linear attention) the map times v is the recurrence's own output o; it has no
+    softmax (no entropy), and the attention layer's rows are a softmax's."""
+    cfg = ModelConfig(**TINY | dict(linear_pattern="3:1", linear_delta_rule=False, position="none"))
+    torch.manual_seed(0)
+    model = far_from_init(Transformer(cfg)).double().eval()
+    tokens = torch.randint(64, (1, 12), generator=torch.Generator().manual_seed(1))
+    maps = attention_maps(model, tokens)
+    assert maps["softmax"] == [False, False, False, True]
+    assert maps["entropy"][0] == [None] * 4 and all(e is not None for e in maps["entropy"][3])
+    x, _ = attention_inputs(model, tokens)[0]
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        q, k, v, log_decay, beta, _ = attn.projections(x)
+        o, _ = recurrent_delta_rule(q, k, v, log_decay, beta, q.new_zeros(1, 4, 8, 8))
+    assert beta is None
+    assert (torch.tensor(maps["weights"][0], dtype=torch.float64) @ v[0] - o[0]).abs().max() < 1e-12
+    assert torch.tensor(maps["weights"][3]).sum(-1).sub(1).abs().max() < 1e-6  # the attention layer's rows
