@@ -44,11 +44,13 @@ def attention_inputs(model: Transformer, tokens: torch.Tensor, start: int = 0) -
     return found
 
 
-def layer_qk(model: Transformer, tokens: torch.Tensor, start: int = 0) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+def layer_qk(model: Transformer, tokens: torch.Tensor, start: int = 0
+             ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
     """Each layer's q [B, H, T, D] and k [B, H_kv, T, D], rotated when the model uses RoPE; None for a layer with no
     softmax logits."""
     with torch.no_grad():
-        return [block.attn.logits(x, at) for block, (x, at) in zip(model.blocks, attention_inputs(model, tokens, start))]
+        return [block.attn.logits(x, at)
+                for block, (x, at) in zip(model.blocks, attention_inputs(model, tokens, start))]
 
 
 def attention_maps(model: Transformer, tokens: torch.Tensor) -> dict:

@@ -43,9 +43,10 @@ def shift_check(model: Transformer, tokens: torch.Tensor, n_shifts: int = 4) -> 
         rows.append({"shift": shift, "max_abs_diff": [None if b is None else (m - b).abs().max().item()
                                                       for m, b in zip(moved, base)]})
     first = next((layer for layer, b in enumerate(base) if b is not None), None)  # the first layer with scores
+    layer0 = None if first is None else {"layer": first, "shift": shifts[-1], "at_0": base[first].flatten().tolist(),
+                                         "shifted": moved[first].flatten().tolist()}
     return {"tokens": n, "max_abs_score": [None if b is None else b.abs().max().item() for b in base], "shifts": rows,
-            "layer0": None if first is None else {"layer": first, "shift": shifts[-1], "at_0": base[first].flatten().tolist(),
-                                 "shifted": moved[first].flatten().tolist()}}
+            "layer0": layer0}
 
 
 def score_by_distance(model: Transformer, tokens: torch.Tensor) -> list[list[float]]:

@@ -225,9 +225,6 @@ class StateCache(LayerCache):
         self.position = source.position
 
 
-CACHE_KINDS = (FullCache, RollingCache, StreamingCache, StateCache)  # what the mixers' new_cache build
-
-
 class KVCache:
     """A generation's cache: its layers' caches, in the blocks' order, and what they hold together."""
 

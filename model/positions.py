@@ -123,9 +123,6 @@ class AbsolutePositions(PositionKind):
                 f"RoPE's rotations (or no positions) allow and a table added to the embeddings does not")
 
 
-POSITION_KINDS = (Rotary, AbsolutePositions)  # what make_positions builds: the registry the interface test reads
-
-
 class PositionsError(ConfigError):
     """A length that the model's positions cannot reach: a learned table's end."""
 

@@ -2,14 +2,15 @@
 (configs/attention/, configs/ffn/) that no preset chooses, each on llama_tiny, and on the all-linear model. A new
 preset or a new kind's config file joins it by itself. Each model trains once (2 steps), and every command then
 reads that run: resume (to step 3), generate (greedy, cached against recomputed in float64), evaluate, report (its
-page, on a short prompt), export to transformers and to GGUF (a file that loads back with its logits, or one `error:` line and exit 2),
-and bench's decode loop. Any traceback fails."""
+page, on a short prompt), export to transformers (a model that loads with its logits) and to GGUF (a file that loads),
+or one `error:` line and exit 2 for each, and bench's decode loop. Any traceback fails."""
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGUFReader
 from transformers import AutoModelForCausalLM
 
 import evaluate
@@ -53,7 +54,8 @@ def train(run_dir: Path, corpus: Path, overrides: list[str], steps: int, *extra:
                       f"data.cache_dir={corpus.parent / 'cache'}", "data.num_proc=1", "model.context_length=64",
                       "train.batch_size=4", "train.micro_batch_size=4", "train.time_budget=null",
                       f"train.max_steps={steps}", "train.eval_tokens=256", "train.eval_interval=2",
-                      "train.ckpt_interval=2", "train.sample_interval=2", "train.sample_tokens=4", "wandb.mode=disabled",
+                      "train.ckpt_interval=2", "train.sample_interval=2", "train.sample_tokens=4",
+                      "wandb.mode=disabled",
                       f"hydra.run.dir={run_dir}", f"latest_link={run_dir.parent / 'latest'}", *extra)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -106,7 +108,6 @@ def test_every_command_works_for(case, corpus, tmp_path, capsys):
         one_error_line(capsys.readouterr().err)
     capsys.readouterr()  # transformers' loading bars
     if export.main(["--ckpt", str(run_dir), "--format", "gguf", "--out", str(tmp_path / "model.gguf")]) == 0:
-        from gguf import GGUFReader
         read = GGUFReader(tmp_path / "model.gguf")
         assert len(read.tensors) > 0
     else:

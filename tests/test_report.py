@@ -506,8 +506,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(case, message, rope_ru
 def at_context(run: Path, folder: Path, context: int) -> Path:
     """run's model and tokenizer at another context: a checkpoint outside a run dir."""
     model, ckpt_dir = load_checkpoint(run)
-    save_checkpoint(folder / "ckpt", Transformer(ModelConfig.from_dict(model.cfg.to_dict() | {"context_length": context})),
-                    ckpt_dir / "tokenizer.model")
+    shorter = ModelConfig.from_dict(model.cfg.to_dict() | {"context_length": context})
+    save_checkpoint(folder / "ckpt", Transformer(shorter), ckpt_dir / "tokenizer.model")
     return folder / "ckpt"
 
 
