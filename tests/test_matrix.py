@@ -29,7 +29,8 @@ PRESETS = sorted(path.stem for path in (ROOT / "configs/model").glob("*.yaml"))
 
 
 def matrix() -> dict[str, list[str]]:
-    """Each case's overrides, by its name: the presets, then each attention and FFN option no preset picks."""
+    """Each case's overrides, by its name: the presets, then each attention and FFN option no preset picks, each
+    shrunk to heads of 16 dims (the smallest every preset's sizes allow: deepseek_tiny's RoPE part is 16 dims)."""
     cases = {preset: [f"model={preset}"] for preset in PRESETS}
     chosen = {(group, getattr(compose_config([f"model={preset}"]).model, group)) for preset in PRESETS
               for group in ("attention", "ffn")}
@@ -38,7 +39,8 @@ def matrix() -> dict[str, list[str]]:
             if (group, option) not in chosen:
                 cases[f"llama_tiny_{option}"] = ["model=llama_tiny", f"{group}={option}"]
     cases["gdn_all"] = ["+ablation=gdn_all"]  # the linear kind with no attention layer at all
-    return cases
+    return {name: [*overrides, f"model.d_model={16 * compose_config(overrides).model.n_heads}"]
+            for name, overrides in cases.items()}
 
 
 CASES = matrix()
