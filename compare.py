@@ -57,7 +57,7 @@ from pathlib import Path
 from cli import ascii_numbers, run_command
 from errors import UsageError
 from storage.files import write_json, writing
-from study.lr import grid_that_trains, largest_lr_that_trains, lr_sweep_lines
+from study.lr import AXES, grid_that_trains, largest_lr_that_trains, lr_sweep_lines
 from study.plots import lr_plot, plot
 from study.runs import LEARNING_RATE, SEED, Run, Variant, find_run_dirs, load_run, recorded_variants
 from study.fairness import shared_lr_warning, speed_warning, unequal_tokens_warning
@@ -74,14 +74,15 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
               for line in lines}
     grid_trains = {line.name: grid_that_trains(line, grid, unigram - margin) if unigram is not None else "n/a"
                    for line in lines}
+    unit = AXES[lines[0].axis]  # bpb, or a task's val loss in nats
     print(lr_table(lines, baseline, trains, grid_trains))
     if routing := routing_table([line.best for line in lines]):
         print(f"\nThe routing at each line's best lr (last eval):\n\n{routing}")
     print(f"\nLR sensitivity: over the {len(grid)} learning rates every variant has ({', '.join(f'{lr:g}' for lr in grid)}), "
-          f"with the loss at initialisation {init:.4f} bpb (ln vocab_size) for a diverged run or one worse than that.")
+          f"with the loss at initialisation {init:.4f} {unit} (ln vocab_size) for a diverged run or one worse than that.")
     if unigram is not None:
         print(f"Trains: final val bpb below the unigram level {unigram:.4f} - {margin:g} = {unigram - margin:.4f} (seed 0).")
-    print("\nFinal val bpb (seed 0) at each learning rate:\n\n" + lr_curve_table(lines))
+    print(f"\nFinal val {unit} (seed 0) at each learning rate:\n\n" + lr_curve_table(lines))
     if baseline is None:
         print(f"\nno variant named {baseline_name!r}, so no differences: pass --baseline with one of "
               f"{', '.join(repr(line.name) for line in lines)}")
@@ -90,15 +91,15 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
         print(f"\nplot (each variant at its best lr): {args.plot}")
     if args.lr_plot:
         lr_plot(lines, init, unigram, args.lr_plot)
-        print(f"plot (final val bpb vs learning rate): {args.lr_plot}")
+        print(f"plot (final val {unit} vs learning rate): {args.lr_plot}")
     if args.json:
         numbers = {"grid": grid, "init_bpb": init, "unigram_val_bpb": unigram, "trains_margin": margin,
                    "variants": {line.name: {
                        "best_lr": line.best_lr, "lr_sensitivity": line.sensitivity,
                        "largest_lr_that_trains": trains[line.name], "grid_that_trains": grid_trains[line.name],
-                       "final_bpb_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
+                       f"final_{unit}_seed0": {f"{lr:g}": bpb for lr, bpb in line.curve.items()},
                        "diverged": sorted(line.diverged),
-                       "best_lr_val_bpb": line.best.final("val_bpb"),
+                       f"best_lr_val_{unit}": line.best.final(line.axis),
                        **({"best_lr_max_vio": line.best.final("moe/max_vio")} if routes(line.best) else {})}
                        for line in lines}}
         with writing(args.json):

@@ -18,6 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from tasks import task_setting_names
 from errors import ConfigError
 from model.config import ModelConfig
 
@@ -73,19 +74,30 @@ def model_settings() -> type:
 ModelSettings = model_settings()
 
 
-@dataclass
-class DataSettings:  # configs/data_common.yaml, then each corpus's own keys (configs/data/)
-    name: str = MISSING
-    source: str = MISSING
-    vocab_size: Optional[int] = MISSING  # null: the vocabulary rule (data/prepare.py)
-    val_fraction: float = MISSING
-    num_proc: int = MISSING
-    cache_dir: str = MISSING
-    path: Any = None  # data=text: a file, a glob or a list of them
-    repo: Optional[str] = None  # Hub corpora: the dataset, its pinned revision, its files and split
-    revision: Optional[str] = None
-    data_files: Optional[dict[str, str]] = None
-    split: Optional[str] = None
+def data_settings() -> type:
+    """data.*'s schema: configs/data_common.yaml's keys, each corpus's own (configs/data/), and a synthetic task's
+    (configs/data/task.yaml): the task, its sets, and each task's own settings, named by its class (tasks/),
+    each null unless set (null: the task's default; a level setting takes a value or a list)."""
+    own = [(name, Any, field(default=None)) for name in task_setting_names()]
+    return make_dataclass("DataSettings", [
+        ("name", str, field(default=MISSING)),
+        ("source", str, field(default=MISSING)),
+        ("vocab_size", Optional[int], field(default=MISSING)),  # null: the vocabulary rule (a task: its own)
+        ("val_fraction", float, field(default=MISSING)),
+        ("num_proc", int, field(default=MISSING)),
+        ("cache_dir", str, field(default=MISSING)),
+        ("path", Any, field(default=None)),  # data=text: a file, a glob or a list of them
+        ("repo", Optional[str], field(default=None)),  # Hub corpora: the dataset, its revision, its files and split
+        ("revision", Optional[str], field(default=None)),
+        ("data_files", Optional[dict[str, str]], field(default=None)),
+        ("split", Optional[str], field(default=None)),
+        ("task", Optional[str], field(default=None)),  # data=task: the task (tasks/), and its sets below
+        ("seq_len", Optional[int], field(default=None)),
+        ("train_examples", Optional[int], field(default=None)),
+        ("task_seed", Optional[int], field(default=None))] + own)
+
+
+DataSettings = data_settings()
 
 
 @dataclass

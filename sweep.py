@@ -22,8 +22,10 @@ a smaller study); a run's lr, seed and warm-up are the study's, so overriding th
   2. edges   a line whose best lr is its lowest or highest gets the next point beyond it, in the grid's own
              ratio, up to --widen more points per side, counted from the --lrs grid
   3. seeds   each variant at its best lr, seeds 1 .. --seeds - 1 (the no-warm-up lines keep seed 0)
-With --experiment speedrun the same variants are switched on the speedrun's model instead (configs/experiment/
-speedrun.yaml: modern_tiny for 2 minutes of Tiny Shakespeare; docs/speedrun.md):
+With --experiment capabilities they train on a synthetic task (`-- data.task=k_hop`; docs/capabilities.md), each
+line's best lr by its final val loss at the task's answers. With --experiment speedrun the same variants are
+switched on the speedrun's model instead (configs/experiment/speedrun.yaml: modern_tiny for 2 minutes of Tiny
+Shakespeare; docs/speedrun.md):
 
     python sweep.py --experiment speedrun --out multirun/speedrun --variants baseline value_embeddings ... \
         --probe --lrs 0.0025 0.005 0.01 -- data.path=tinyshakespeare_train.txt
@@ -45,7 +47,8 @@ from settings import ablation_variants
 from study.launch import run_main
 from study.lr_study import GRID, PROBE, run_study
 
-EXPERIMENTS = ("ablation", "speedrun")  # the configs/experiment/ files whose runs take configs/ablation/'s variants
+# the configs/experiment/ files whose runs take configs/ablation/'s variants
+EXPERIMENTS = ("ablation", "speedrun", "capabilities")
 
 
 def main(argv=None) -> None:
@@ -53,8 +56,9 @@ def main(argv=None) -> None:
                                                    formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__))
     parser.add_argument("--out", type=Path, default=Path("multirun/lr_sweep"), help="the study's dir")
     parser.add_argument("--experiment", default="ablation", choices=EXPERIMENTS,
-                        help="the runs' model, data and budget (configs/experiment/): the ablation's, or the "
-                             "speedrun's (modern_tiny on Tiny Shakespeare for 2 minutes, docs/speedrun.md)")
+                        help="the runs' model, data and budget (configs/experiment/): the ablation's, the "
+                             "speedrun's (modern_tiny on Tiny Shakespeare for 2 minutes, docs/speedrun.md), or the "
+                             "capability map's (a synthetic task, -- data.task=<task>: docs/capabilities.md)")
     variants = ablation_variants()  # configs/ablation/'s files
     parser.add_argument("--variants", nargs="+", default=variants, choices=variants)
     parser.add_argument("--probe", nargs="*", default=list(PROBE), choices=variants,

@@ -32,7 +32,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from cli import run_command
-from data import eval_batches, get_batch, prepare_data
+from data import prepare_data
 from errors import UsageError
 from generation.engine import Engine
 from model.transformer import Transformer
@@ -98,7 +98,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     # -------- data: rank 0 builds the tokenizer and token caches; the other processes then load them
     ddp = setup_distributed(device)
     with master_first(ddp):
-        data = prepare_data(cfg.data, T, micro_batch)
+        data = prepare_data(cfg.data, T, micro_batch)  # a corpus's token streams, or a synthetic task's sets
 
     # -------- model and optimizer, or those of the checkpoint it resumes
     torch.manual_seed(tcfg.seed + ddp.rank)  # DDP copies rank 0's initial weights; the offset varies dropout
@@ -112,11 +112,11 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
     autocast = autocast_for(ddp.device)  # bf16 autocast on CUDA, fp32 on CPU
     horizon = Horizon.of(tcfg, eval_sequences=eval_windows * ddp.world_size, num_params=raw_model.num_params())
 
-    name = cfg.wandb.name or default_run_name(HydraConfig.get().runtime.choices)
+    name = cfg.wandb.name or default_run_name(HydraConfig.get().runtime.choices, cfg.data.task)
     if ddp.master:  # the run has started: its files are written and outputs/latest points at it
-        val_batches = eval_batches(data.val, micro_batch, T, eval_windows, ddp.device)
+        val_batches = data.eval_batches(micro_batch, eval_windows, ddp.device)
         tracker = start_tracking(cfg, run_dir, tracking_mode, name, progress, start.resumed, raw_model, data,
-                                 eval_tokens=sum(y.numel() for _, y in val_batches))
+                                 eval_tokens=sum(y.numel() for _, y, _ in val_batches))
         engine = Engine(raw_model, data.tokenizer)
         print(f"{name}: {raw_model.num_params() / 1e6:.2f} M parameters | {tcfg.batch_size} sequences x {T} tokens "
               f"per step = {ddp.world_size} processes x {accum_steps} accumulation x {micro_batch} | "
@@ -133,7 +133,7 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
             started = progress.elapsed_s = clock()  # once a step: the previous one's eval, sample and checkpoint count
             stop_if_signalled(ddp, stop.signum, progress.step, run_dir)
             generator = step_generator(tcfg.seed, ddp.rank, progress.step)
-            batches = (get_batch(data.train, micro_batch, T, generator, ddp.device) for _ in range(accum_steps))
+            batches = (data.train_batch(micro_batch, generator, ddp.device) for _ in range(accum_steps))
             train_loss, aux_losses = accumulate_gradients(model, raw_model, loss_of, batches, accum_steps, ddp,
                                                           autocast)
             # by rank 0's clock, so that every process takes the same lr and stops at the same step
@@ -152,8 +152,9 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
                 val = {}
                 if horizon.evaluates(progress.step, tcfg.eval_interval) or last:
                     with horizon.timed("eval"):  # train.diagnostics: per-layer stats on the first val batch too
-                        val = evaluate(raw_model, val_batches, autocast, data.bytes_per_token["val"]) | (
-                            layer_stats(raw_model, *val_batches[0]) if tcfg.diagnostics else {})
+                        val = evaluate(raw_model, val_batches, autocast, data.bytes_per_token.get("val"))
+                        val |= data.task_metrics(val, raw_model.num_params()) | (
+                            layer_stats(raw_model, *val_batches[0][:2]) if tcfg.diagnostics else {})
                     tracker.show_eval(progress.step, progress.record_eval(val))
                 if val or last or progress.step % tcfg.log_interval == 0:
                     tracker.log({"step": progress.step, "tokens": progress.tokens, "train_loss": train_loss, "lr": lr,
@@ -161,8 +162,8 @@ def train(cfg: DictConfig, held: ExitStack) -> int:
                                  "elapsed_s": progress.elapsed_s, **val, **horizon.budget_fraction(progress.elapsed_s)})
                 if horizon.samples(progress.step, tcfg.sample_interval, evaluated=bool(val)) or last:
                     with horizon.timed("sample"):
-                        text = engine.complete(tcfg.sample_prompt, tcfg.sample_tokens, tcfg.sample_temperature,
-                                               seed=tcfg.seed)
+                        text = engine.complete(data.sample_prompt(tcfg.sample_prompt), tcfg.sample_tokens,
+                                               tcfg.sample_temperature, seed=tcfg.seed)
                     tracker.log_sample(progress.step, text)
                 if progress.step % tcfg.ckpt_interval == 0 or last:
                     with horizon.timed("ckpt"):

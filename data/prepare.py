@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 from tqdm import tqdm
 
+from data.batches import eval_batches, get_batch
 from data.sources import SOURCES, DataError
+from tasks import task_setting_names
+from data.task_sets import TaskData, prepare_task
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from storage.files import atomic_write, remove_dead_temporaries, sha256, write_json
 
@@ -54,10 +57,33 @@ class TokenData:
     stats: dict  # per split: documents, characters, bytes, tokens
     cache_dir: Path
     unigram_val_bpb: float  # the val bpb of predicting each token by its train frequency alone
+    context_length: int  # the windows' length
+
+    # what train.py asks of its data (a task's data/task_sets.py answers alike)
+    def train_batch(self, batch_size: int, generator, device) -> tuple:
+        return get_batch(self.train, batch_size, self.context_length, generator, device)
+
+    def eval_batches(self, batch_size: int, count: int, device) -> list[tuple]:
+        """`count` windows of the val split (data/batches.py), with no level's name: no accuracy is scored."""
+        return [(x, y, None) for x, y in eval_batches(self.val, batch_size, self.context_length, count, device)]
+
+    def sample_prompt(self, configured: str) -> str:
+        return configured
+
+    def task_metrics(self, val: dict, num_params: int) -> dict:
+        """A synthetic task's own metrics of an eval (data/task_sets.py); a corpus has none."""
+        return {}
+
+    def val_split(self) -> tuple[np.ndarray, float]:
+        """(the val token stream, its bytes per token): what evaluate.py and the report score."""
+        return self.val, self.bytes_per_token["val"]
 
 
-def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
+def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData | TaskData:
+    """The corpus's token streams, or a synthetic task's sets where data.task names one (tasks/)."""
     cfg = as_dict(data_cfg)
+    if cfg.get("task") is not None:
+        return prepare_task(cfg, context_length)
     check_settings(cfg)
     source = SOURCES[cfg["source"]](cfg)
     key_fields = {
@@ -97,6 +123,7 @@ def prepare_data(data_cfg, context_length: int, batch_size: int) -> TokenData:
         stats=stats,
         cache_dir=cache,
         unigram_val_bpb=manifest["unigram_val_bpb"],
+        context_length=context_length,
     )
 
 
@@ -113,6 +140,10 @@ def describe(cfg) -> str:
 
 
 def check_settings(cfg):
+    for key in ("seq_len", "train_examples", "task_seed", *task_setting_names()):
+        if cfg.get(key) is not None:
+            raise DataError(f"data.{key}={cfg[key]} is a setting of a synthetic task (data=task), not of "
+                            f"{describe(cfg)}")
     for key in REQUIRED_SETTINGS:
         if cfg.get(key) is None:
             raise DataError(f"data.{key} is not set")

@@ -52,6 +52,7 @@ import torch
 
 from errors import UsageError
 from generation.memory import memory_shortfall
+from model.block import rope_dim
 from model.kv_cache import KVCache
 from model.positions import table_bytes
 from model.transformer import Transformer
@@ -166,7 +167,8 @@ class Engine:
     def _fit_tables(self, length: int, setting: str, value: int) -> None:
         """The position tables for `length` positions, or SamplingError naming the setting where they would not fit
         in memory (PositionsError for a learned table's end)."""
-        if shortfall := memory_shortfall({"the position tables": table_bytes(self.model.cfg, length)},
+        cfg = self.model.cfg
+        if shortfall := memory_shortfall({"the position tables": table_bytes(cfg, rope_dim(cfg), length)},
                                          self.model.tok_emb.weight.device):
             raise SamplingError(setting, value, shortfall)
         self.model.fit_positions(length)

@@ -19,6 +19,7 @@ from generation.memory import memory_shortfall
 from insight.figures import loss_by_position, png
 from insight.lengths import MODES, run_config, run_val_split, score, window_count
 from interop.load import load_model, loaded_line
+from model.block import rope_dim
 from model.positions import table_bytes
 from model.rope_scaling import SCALINGS, scales
 from parsing import whole_numbers
@@ -111,7 +112,7 @@ def evaluate(args) -> dict:
     # log-softmax cross_entropy makes of them (fp32, B x L x V each)
     length, batch = max(((n, min(args.batch_size, count)) for (n, _), count in windows.items()),
                         key=lambda nb: nb[0] * nb[1])
-    needs = {"the position tables": table_bytes(cfg, max(args.lengths)),
+    needs = {"the position tables": table_bytes(cfg, rope_dim(cfg), max(args.lengths)),
              "one batch's logits and log-probabilities": 2 * batch * length * cfg.vocab_size * 4}
     if shortfall := memory_shortfall(needs, args.device):
         raise UsageError(f"--lengths={max(args.lengths)} at --batch-size={args.batch_size} {shortfall}")

@@ -50,8 +50,7 @@ def run_val_split(ckpt_dir: Path) -> tuple[np.ndarray, float]:
     """(the val token stream, its bytes per token) of the training run that holds ckpt_dir: its config.yaml's data
     settings, through the token cache training built (data/prepare.py rebuilds a missing one)."""
     config = run_config(ckpt_dir)
-    data = prepare_data(config.data, config.model.context_length, 1)
-    return data.val, data.bytes_per_token["val"]
+    return prepare_data(config.data, config.model.context_length, 1).val_split()
 
 
 def window_starts(n_tokens: int, length: int, mode: str, stride: int) -> list[int]:

@@ -44,19 +44,12 @@ from errors import ConfigError
 from model.interfaces import Mixer
 from model.kv_cache import CacheField, FullCache, PerPosition, RollingCache, StreamingCache
 from model.checks import is_number, is_whole
+from model.config import local_run_of
 from model.positions import Rotary
 from model.qk_norm import QKNorm
-from parsing import whole_number
 
 
 WINDOW_PATTERNS = "all, alternate or N:1 (N local layers to one global, e.g. 5:1)"  # model.window_pattern's forms
-
-
-def local_run_of(pattern) -> int | None:
-    """N of an N:1 pattern (N >= 1, in ASCII digits: parsing.py), else None."""
-    local, _, rest = pattern.partition(":") if isinstance(pattern, str) else ("", "", "")
-    run = whole_number(local)
-    return run if run is not None and run >= 1 and rest == "1" else None
 
 
 class Attention(Mixer):

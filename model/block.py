@@ -42,9 +42,15 @@ def ffn_class(cfg, layer: int | None = None) -> type[FeedForwardKind]:
     return kind if layer is None or layer >= cfg.dense_layers else FeedForward
 
 
+def rope_dim(cfg) -> int:
+    """The dims of each head RoPE rotates, by the model's attention kind's rule (0 without RoPE)."""
+    return attention_class(cfg).rope_dim(cfg)
+
+
 def validate_kinds(cfg) -> None:
-    """Each kind's rules for its own settings (ModelConfig.validate calls this): the chosen attention's and FFN's
-    validate, and each other kind's refuse_settings, so that no setting of a kind not chosen does nothing silently."""
+    """Each kind's rules for its own settings (model/transformer.py's validate calls this): the chosen attention's and
+    FFN's validate, and each other kind's refuse_settings, so that no setting of a kind not chosen does nothing
+    silently."""
     chosen = (attention_class(cfg), ffn_class(cfg))
     for kind in (*reversed(ATTENTION_KINDS), *reversed(FFN_KINDS)):  # the special kinds first
         if kind in chosen:

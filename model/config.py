@@ -5,8 +5,9 @@ on its corpus, and they are the one place its sizes are written: settings.py mak
 defaults the schema of the Hydra config's `model.` node, a preset (configs/model/) sets only what differs, and
 a checkpoint stores them as JSON.
 
-The checks here span components (sizes, head counts, the switches' names, RoPE's even head dim); each attention and
-FFN kind checks its own settings (its class's validate, model/block.py's validate_kinds).
+The checks here span components (sizes, head counts, the switches' names, RoPE's even head dim). This file knows no
+kind's class: each attention and FFN kind checks its own settings (model/transformer.py's validate, run by the model
+and by a config composed for training).
 """
 from __future__ import annotations
 
@@ -14,13 +15,10 @@ import math
 from dataclasses import asdict, dataclass, fields
 
 from errors import ConfigError
-from model.attention import local_run_of
-from model.block import attention_class, validate_kinds
 from model.checks import is_number, is_whole
-from model.ffn import hidden_width
 from model.qk_norm import MIN_HEAD_DIM
 from model.rope_scaling import SCALINGS
-from model.value_embeddings import validate as validate_value_embeddings
+from parsing import whole_number
 
 NORMS = ("rmsnorm", "layernorm")
 NORM_POSITIONS = ("pre", "post")
@@ -33,6 +31,21 @@ EMBEDDING_SCALES = ("gpt2", "transformer2017")  # the token signal's scale: mode
 # at most 2c nats below ln V. At c = 1e-3 that is 0.002 nats, a model that cannot learn; below 2^-25 float32 rounds
 # e^-2c to 1 and the softmax is exactly uniform (1e-30 trained at ln V). The caps in use are 15 to 30.
 MIN_LOGIT_SOFTCAP = 1e-3
+
+
+def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:
+    """The FFN's d_ff: 8/3 d rounded up to a multiple of multiple_of for the gated SwiGLU, 4 d otherwise (both hold
+    8 d^2 weights: model/ffn.py)."""
+    if kind == "swiglu":
+        return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
+    return 4 * d_model
+
+
+def local_run_of(pattern) -> int | None:
+    """N of an N:1 pattern (N >= 1, in ASCII digits: parsing.py), else None."""
+    local, _, rest = pattern.partition(":") if isinstance(pattern, str) else ("", "", "")
+    run = whole_number(local)
+    return run if run is not None and run >= 1 and rest == "1" else None
 
 
 def local_layers(pattern: str, n_layers: int) -> list[bool]:
@@ -94,7 +107,7 @@ class ModelConfig:
     qk_norm: str = "none"  # rmsnorm: each q and k head RMS-normalised before RoPE (model/qk_norm.py)
     ffn: str = "swiglu"
     ffn_multiple_of: int = 32  # SwiGLU's d_ff (model/ffn.py) is rounded up to this multiple
-    d_ff: int | None = None  # the FFN's hidden width; null: its rule of d_model (model/ffn.py's hidden_width)
+    d_ff: int | None = None  # the FFN's hidden width; null: its rule of d_model (hidden_width)
     rope_base: float = 10000.0
     rope_scaling: str = "none"  # none, linear, ntk, dynamic or yarn: RoPE past the trained context (model/rope_scaling.py)
     rope_factor: float = 1.0  # the scaling's s: the length it stretches to over the original context
@@ -192,13 +205,6 @@ class ModelConfig:
         return self.linear_head_dim or self.head_dim
 
     @property
-    def rope_dim(self) -> int:
-        """The dims of each head RoPE rotates: all of them, or MLA's decoupled RoPE part (none without RoPE)."""
-        if self.position != "rope":
-            return 0
-        return attention_class(self).rope_dim(self)
-
-    @property
     def value_dim(self) -> int:
         return self.v_head_dim or self.head_dim
 
@@ -230,7 +236,6 @@ class ModelConfig:
             raise ConfigError(f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"model.n_kv_heads={self.n_kv_heads} must divide model.n_heads={self.n_heads}")
-        validate_kinds(self)  # each attention and FFN kind's own settings (model/block.py)
         if self.position == "rope" and self.head_dim % 2:
             raise ConfigError(f"model.position=rope needs an even head dim, but model.d_model={self.d_model} / "
                               f"model.n_heads={self.n_heads} = {self.head_dim}")
@@ -255,7 +260,6 @@ class ModelConfig:
                               f"capped logits lie within +-{self.logit_softcap}, so the loss can fall at most "
                               f"{2 * self.logit_softcap:g} nats below its untrained ln vocab_size and the model learns "
                               f"nothing (Gemma 2 caps at 30, modded-nanogpt's records at 15 to 30)")
-        validate_value_embeddings(self)
         for key in ("bias", "tie_embeddings", "residual_scalars"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"model.{key}={getattr(self, key)!r} must be true or false")

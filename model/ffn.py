@@ -6,9 +6,8 @@ GELU (GPT-2):    FFN(x) = GELU(x W1) W2
 ReLU² (Primer):  FFN(x) = ReLU(x W1)^2 W2               W1: [d, d_ff], W2: [d_ff, d],      d_ff = 4 d
 
 The gated form has three matrices, so 8/3 d keeps the parameter count of the 4 d ungated one:
-3 * d * 8/3 d = 2 * d * 4 d = 8 d^2 (hidden_width rounds it up to a multiple of model.ffn_multiple_of).
+3 * d * 8/3 d = 2 * d * 4 d = 8 d^2 (model/config.py's hidden_width rounds it up to a multiple of model.ffn_multiple_of).
 """
-import math
 
 import torch
 import torch.nn.functional as F
@@ -26,13 +25,6 @@ ACTIVATIONS = {"swiglu": F.silu, "relu": F.relu, "gelu": F.gelu, "relu2": relu_s
 # what hidden_activations reads, as the report's figure names it
 HIDDEN_ACTIVATIONS = {"swiglu": "silu(x·W1), the gate", "relu": "relu(x·W1)", "gelu": "gelu(x·W1)",
                       "relu2": "relu(x·W1)², the hidden activation"}
-
-
-def hidden_width(kind: str, d_model: int, multiple_of: int) -> int:
-    """d_ff: 8/3 d rounded up to a multiple of multiple_of for the gated SwiGLU, 4 d otherwise."""
-    if kind == "swiglu":
-        return multiple_of * math.ceil(8 * d_model / 3 / multiple_of)
-    return 4 * d_model
 
 
 class FeedForward(FeedForwardKind):

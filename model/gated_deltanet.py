@@ -39,8 +39,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from errors import ConfigError
-from model.attention import WINDOW_PATTERNS, Attention, local_run_of
+from model.attention import WINDOW_PATTERNS, Attention
 from model.checks import is_whole, refuse_set
+from model.config import local_run_of
 from model.interfaces import Mixer
 from model.kv_cache import CacheField, PerPosition, StateCache
 from model.norms import RMSNorm

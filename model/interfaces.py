@@ -75,8 +75,8 @@ class Mixer(BlockComponent):
 
     @classmethod
     def rope_dim(cls, cfg) -> int:
-        """The dims of each head RoPE turns: model.rotary_fraction of the head."""
-        return int(cfg.head_dim * cfg.rotary_fraction)
+        """The dims of each head RoPE turns: model.rotary_fraction of the head (none without RoPE)."""
+        return int(cfg.head_dim * cfg.rotary_fraction) if cfg.position == "rope" else 0
 
     # -------- the build and the forward
     @classmethod

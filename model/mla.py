@@ -49,7 +49,7 @@ class LatentAttention(Mixer):
     def __init__(self, cfg, rotary: Rotary | None):
         super().__init__()
         self.n_heads, self.head_dim, self.value_dim = cfg.n_heads, cfg.head_dim, cfg.value_dim
-        self.kv_rank, self.rope_width = cfg.kv_rank, cfg.rope_dim
+        self.kv_rank, self.rope_width = cfg.kv_rank, self.rope_dim(cfg)
         H, D, d_c, d_r = self.n_heads, self.head_dim, self.kv_rank, self.rope_width
         # the latent and the RoPE key in one matmul: rows [W_dkv; W_kr] (Muon orthogonalises each on its own)
         self.kv_down = nn.Linear(cfg.d_model, d_c + d_r, bias=cfg.bias)
@@ -134,7 +134,9 @@ class LatentAttention(Mixer):
 
     @classmethod
     def rope_dim(cls, cfg) -> int:
-        """d_R, the dims of each head RoPE rotates: model.rope_head_dim, or half a head."""
+        """d_R, the dims of each head RoPE rotates: model.rope_head_dim, or half a head (none without RoPE)."""
+        if cfg.position != "rope":
+            return 0
         return cfg.head_dim // 2 if cfg.rope_head_dim is None else cfg.rope_head_dim
 
     def residual_weights(self) -> list[nn.Parameter]:
@@ -146,7 +148,7 @@ class LatentAttention(Mixer):
         """Forward FLOPs per token in a causal sequence of seq_len tokens, in the naive form that training and a
         prefill run (2 per multiply-add): W_dkv and W_kr, the query's projections (W_dq and W_uq, or W_q), W_uk, W_uv
         and W_o, then q k^T over D + d_R dims and the weights times v over D_v, for each of mean_keys_seen's keys."""
-        H, D, D_v, d, d_c, d_r = cfg.n_heads, cfg.head_dim, cfg.value_dim, cfg.d_model, cfg.kv_rank, cfg.rope_dim
+        H, D, D_v, d, d_c, d_r = cfg.n_heads, cfg.head_dim, cfg.value_dim, cfg.d_model, cfg.kv_rank, cls.rope_dim(cfg)
         query = 2 * d * H * (D + d_r) if cfg.q_rank is None else 2 * d * cfg.q_rank + 2 * cfg.q_rank * H * (D + d_r)
         projections = 2 * d * (d_c + d_r) + query + 2 * d_c * H * (D + D_v) + 2 * H * D_v * d
         return projections + 2 * H * (D + d_r + D_v) * mean_keys_seen(seq_len, None)
@@ -160,10 +162,10 @@ class LatentAttention(Mixer):
         terms=((1, ("kv_rank",)), (1, ("rope_head_dim",))), text="({kv_rank} latent + {rope_head_dim} RoPE key)",
         window_refusal="this repo's latent attention has no window", row="MLA ({kv_rank} + {rope_head_dim})")
 
-    @staticmethod
-    def cache_dims(cfg) -> dict[str, int]:
+    @classmethod
+    def cache_dims(cls, cfg) -> dict[str, int]:
         """The widths PER_POSITION reads, of a model of these settings."""
-        return {"kv_rank": cfg.kv_rank, "rope_head_dim": cfg.rope_dim}
+        return {"kv_rank": cfg.kv_rank, "rope_head_dim": cls.rope_dim(cfg)}
 
     @classmethod
     def cache_bytes(cls, cfg, layer: int, positions: int, batch: int, bytes_per_element: int) -> int:

@@ -127,13 +127,14 @@ class PositionsError(ConfigError):
     """A length that the model's positions cannot reach: a learned table's end."""
 
 
-def table_bytes(cfg, length: int) -> int:
+def table_bytes(cfg, rope_dim: int, length: int) -> int:
     """The bytes fit(length) holds at least, counted before anything is allocated (so that a length too long for
     the machine is refused in a second rather than killed by the OOM killer): RoPE's fp32 cos and sin tables,
-    2 * length * rope_dim * 4 (every head dim, or MLA's RoPE part); the sinusoidal table, built in fp64 and kept in fp32, length * d_model * (8 + 4).
-    A learned table never grows, and position=none has no table."""
+    2 * length * rope_dim * 4 (model/block.py's rope_dim: every head dim, or MLA's RoPE part); the sinusoidal table,
+    built in fp64 and kept in fp32, length * d_model * (8 + 4). A learned table never grows, and position=none has no
+    table."""
     if cfg.position == "rope":
-        return 2 * length * cfg.rope_dim * 4
+        return 2 * length * rope_dim * 4
     if cfg.position == "sinusoidal":
         return length * cfg.d_model * (8 + 4)
     return 0
@@ -145,11 +146,11 @@ def position_limit(cfg) -> int | None:
     return cfg.context_length if cfg.position == "learned" else None
 
 
-def make_positions(cfg, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
+def make_positions(cfg, rope_dim: int, token_rms: float) -> tuple[Rotary | None, AbsolutePositions | None]:
     """model.position as modules: (the rotary table every layer's attention shares, the absolute table
     added to the embeddings, a learned one initialised at token_rms); at most one, none for position=none."""
     if cfg.position == "rope":
-        return Rotary(cfg.rope_dim, cfg.context_length, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor,
+        return Rotary(rope_dim, cfg.context_length, cfg.rope_base, cfg.rope_scaling, cfg.rope_factor,
                       cfg.original_context), None
     if cfg.position in ("sinusoidal", "learned"):
         return None, AbsolutePositions(cfg.position, cfg.context_length, cfg.d_model, token_rms)

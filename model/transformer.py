@@ -29,26 +29,34 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from model.block import Block, final_norm
+from model.block import Block, final_norm, rope_dim, validate_kinds
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.moe import MoE
 from model.positions import make_positions
 from model.residual_scalars import ResidualScalars
-from model.value_embeddings import ValueEmbeddings
+from model.value_embeddings import ValueEmbeddings, validate_layers
 
 INIT_STD = 0.02  # GPT-2's, for every weight matrix and (with embedding_scale=gpt2) the embeddings
+
+
+def validate(cfg: ModelConfig) -> None:
+    """The checks that ask the kinds, after ModelConfig's own: each kind's rules for its settings, then the layers
+    the value embeddings choose. The model runs them, and so does a config composed for training (before its data)."""
+    validate_kinds(cfg)
+    validate_layers(cfg)
 
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        validate(cfg)
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         embed_std = cfg.d_model ** -0.5 if cfg.embedding_scale == "transformer2017" else INIT_STD
         sqrt_d = cfg.embedding_scale == "transformer2017" or cfg.position == "sinusoidal"
         self.embed_multiplier = math.sqrt(cfg.d_model) if sqrt_d else 1.0
-        rotary, self.abs_pos = make_positions(cfg, token_rms=embed_std * self.embed_multiplier)
+        rotary, self.abs_pos = make_positions(cfg, rope_dim(cfg), token_rms=embed_std * self.embed_multiplier)
         self.rotary = rotary  # one table, shared by every layer's attention
         self.dropout = nn.Dropout(cfg.dropout) if cfg.dropout else nn.Identity()
         self.blocks = nn.ModuleList(Block(cfg, i, rotary) for i in range(cfg.n_layers))

@@ -27,7 +27,7 @@ def value_embedding_layers(cfg) -> list[bool]:
     return [pattern == "all" or (cfg.n_layers - 1 - layer) % 2 == 0 for layer in range(cfg.n_layers)]
 
 
-def validate(cfg) -> None:
+def validate_layers(cfg) -> None:
     """model.value_embeddings: one of PATTERNS or null, and each layer it chooses of a kind with values to add to."""
     if cfg.value_embeddings is not None and cfg.value_embeddings not in PATTERNS:
         raise ConfigError(f"model.value_embeddings={cfg.value_embeddings!r} must be one of {', '.join(PATTERNS)}, "

@@ -1,5 +1,5 @@
-"""The recall probe: how many key-value pairs the study's trained models recall from their context, zero-shot (MQAR
-in the models' own vocabulary, data/recall.py).
+"""The recall probe: how many key-value pairs the study's trained models recall from their context, zero-shot (MQAR,
+tasks/mqar.py's sequences, in the models' own vocabulary).
 
     python scripts/recall_probe.py multirun/equal_time_gdn/runs --json docs/recall_gdn.json
     python scripts/recall_probe.py outputs/run_a outputs/run_b --pairs 2 4 8
@@ -13,19 +13,21 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from cli import ascii_numbers, run_command  # noqa: E402  (after the path: run as a script from anywhere)
-from data.recall import IGNORE, recall_batch  # noqa: E402
 from errors import UsageError  # noqa: E402
 from storage.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from storage.files import write_json  # noqa: E402
 from study.runs import find_run_dirs, load_run  # noqa: E402
 from study.tables import fmt_mean_std  # noqa: E402
 from study.variants import group_runs  # noqa: E402
+from tasks.base import IGNORE  # noqa: E402
+from tasks.mqar import MQAR  # noqa: E402
 
 PAIRS = [4, 8, 16, 32]
 SEED = 0  # the held-out sequences' generator
@@ -34,14 +36,14 @@ BATCH = 64  # sequences per forward pass
 
 @torch.no_grad()
 def recall_accuracy(model: torch.nn.Module, pairs: int, tokens: torch.Tensor, sequences: int) -> float:
-    """The share of queries whose most likely next token is their answer, over `sequences` held-out sequences."""
-    generator, right, asked = torch.Generator().manual_seed(SEED + pairs), 0, 0
-    for start in range(0, sequences, BATCH):
-        inputs, targets = recall_batch(min(BATCH, sequences - start), pairs, tokens, generator)
-        answered = targets != IGNORE
-        right += (model(inputs).argmax(-1)[answered] == targets[answered]).sum().item()
-        asked += answered.sum().item()
-    return right / asked
+    """The share of queries whose most likely next token is their answer, over `sequences` held-out sequences (MQAR's,
+    each symbol one of `tokens`)."""
+    task = MQAR({"pairs": pairs}, len(tokens), 4 * pairs, SEED)
+    symbols, targets = task.generate(sequences, pairs, np.random.default_rng([SEED, pairs]))
+    inputs, answered = tokens[torch.from_numpy(symbols)], torch.from_numpy(targets != IGNORE)
+    answers = tokens[torch.from_numpy(targets)[answered]]
+    predicted = torch.cat([model(inputs[start:start + BATCH]).argmax(-1) for start in range(0, sequences, BATCH)])
+    return (predicted[answered] == answers).float().mean().item()
 
 
 def ordinary_pieces(tokenizer_proto: bytes) -> torch.Tensor:

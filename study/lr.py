@@ -1,5 +1,6 @@
-"""A variant on the learning-rate axis (Wortsman et al. 2023): its final bpb at each peak learning rate, its best,
-its LR sensitivity, and the learning rates at which it trains."""
+"""A variant on the learning-rate axis (Wortsman et al. 2023): its final loss at each peak learning rate, its best,
+its LR sensitivity, and the learning rates at which it trains. The loss is a text run's val bpb, or a synthetic
+task's val loss at its answers (nats; its accuracy compares the lines at their best rates: study/runs.py)."""
 import math
 import statistics
 from dataclasses import dataclass
@@ -15,23 +16,34 @@ def by_lr(variant: Variant) -> dict[float, Variant]:
     return dict(sorted(groups.items()))
 
 
-def init_bpb(runs: list[Run]) -> float | None:
-    """The loss at initialisation in bpb: ln(vocab_size) nats, a uniform prediction (the initialised
-    model's logits are near 0: 8.27 nats at step 0 against ln 4096 = 8.32), converted with the val
+AXES = {"val_bpb": "bpb", "val_loss": "loss"}  # the axis's key, and its unit as tables name it
+
+
+def axis_of(runs: list[Run]) -> str:
+    """The loss the learning-rate axis reads: val_bpb where every evaluated run has it, else (a task's runs)
+    val_loss."""
+    evaluated = [run for run in runs if run.evals]
+    return "val_bpb" if all("val_bpb" in run.evals[-1] for run in evaluated) else "val_loss"
+
+
+def init_loss(runs: list[Run]) -> float | None:
+    """The loss at initialisation on the axis: ln(vocab_size) nats, a uniform prediction (the initialised
+    model's logits are near 0: 8.27 nats at step 0 against ln 4096 = 8.32), in bpb converted with the val
     split's bytes per token, which any eval gives as val_loss / val_bpb / ln 2."""
+    axis = axis_of(runs)
     for run in runs:
         if run.evals and "vocab_size" in run.summary:
             last = run.evals[-1]
-            return math.log(run.summary["vocab_size"]) * last["val_bpb"] / last["val_loss"]
+            return math.log(run.summary["vocab_size"]) * last[axis] / last["val_loss"]
     return None
 
 
-def final_bpb(run: Run, init: float) -> float | None:
-    """A run's result on the learning-rate axis: its final val bpb, the loss at initialisation for a run
-    that diverged (Wortsman et al.: a diverged run scores no better than an untrained one), None for a
-    run that is missing or was stopped (no result, not a bad one)."""
+def final_loss(run: Run, init: float, axis: str) -> float | None:
+    """A run's result on the learning-rate axis: its final val bpb (or val loss), the loss at initialisation for a
+    run that diverged (Wortsman et al.: a diverged run scores no better than an untrained one), None for a run that
+    is missing or was stopped (no result, not a bad one)."""
     if run.problem is None:
-        return run.evals[-1]["val_bpb"]
+        return run.evals[-1][axis]
     return init if run.problem.startswith("stopped: diverged") else None
 
 
@@ -39,19 +51,20 @@ def final_bpb(run: Run, init: float) -> float | None:
 class LRLine:
     """One variant on the learning-rate axis."""
     name: str
-    curve: dict[float, float]  # lr -> final val bpb of its lowest-seed run (seed 0), diverged at init
+    curve: dict[float, float]  # lr -> final val bpb (axis) of its lowest-seed run (seed 0), diverged at init
     diverged: set[float]
     best_lr: float | None
     best: Variant  # the runs (seeds) at best_lr
     sensitivity: float | None  # over the grid every line shares
+    axis: str = "val_bpb"  # what the curve is: axis_of
 
 
 def lr_line(variant: Variant, init: float, grid: list[float]) -> LRLine:
-    at = by_lr(variant)
+    at, axis = by_lr(variant), axis_of(variant.runs)
     curve, diverged = {}, set()
     for lr, at_lr in at.items():
         first = min(at_lr.runs, key=lambda r: r.config["train"].get("seed", 0))
-        value = final_bpb(first, init)
+        value = final_loss(first, init, axis)
         if value is not None:
             curve[lr] = value
             if first.problem is not None:
@@ -61,7 +74,7 @@ def lr_line(variant: Variant, init: float, grid: list[float]) -> LRLine:
     best = at[best_lr] if best_lr is not None else Variant(variant.name)
     shared = grid and all(lr in curve for lr in grid)  # no grid shared by every line: no sensitivity
     sensitivity = lr_sensitivity([curve[lr] for lr in grid], init) if shared else None
-    return LRLine(variant.name, curve, diverged, best_lr, best, sensitivity)
+    return LRLine(variant.name, curve, diverged, best_lr, best, sensitivity, axis)
 
 
 def lr_sensitivity(finals: list[float], init: float) -> float:
@@ -92,6 +105,6 @@ def lr_sweep_lines(variants: list[Variant]) -> tuple[list[LRLine], list[float], 
     more than one learning rate (a plain comparison)."""
     if not any(len(by_lr(v)) > 1 for v in variants if all("train" in r.config for r in v.runs)):
         return None
-    init = init_bpb([r for v in variants for r in v.runs])
+    init = init_loss([r for v in variants for r in v.runs])
     grid = sorted(set.intersection(*(set(by_lr(v)) for v in variants)))
     return [lr_line(v, init, grid) for v in variants], grid, init

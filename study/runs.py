@@ -14,6 +14,9 @@ from training.multirun import RECORDS
 # settings that change how a run is logged, how many cores it used, where its link is: not what it trains
 NOT_COMPARED = ("wandb.", "train.threads", "train.resume", "latest_link")
 SEED = ("train.seed",)
+# what an eval measures, compared between variants: a text run's bits per byte (lower is better), a synthetic
+# task's accuracy (higher)
+MEASURES = {"val_bpb": "bpb", "val_acc": "acc"}
 LEARNING_RATE = ("train.lr", "train.min_lr")  # what a learning-rate sweep varies within one variant
 
 
@@ -27,7 +30,7 @@ class Run:
 
     @property
     def evals(self) -> list[dict]:
-        return [m for m in self.metrics if "val_bpb" in m]
+        return [m for m in self.metrics if any(key in m for key in MEASURES)]
 
 
 @dataclass
@@ -76,8 +79,8 @@ def load_run(run_dir: Path) -> Run:
             problem = "no config.yaml"
         elif summary.get("stop_reason", "completed") != "completed":  # e.g. a NaN loss, a SIGTERM
             problem = f"stopped: {summary['stop_reason']}"
-        elif not any("val_bpb" in m for m in metrics):
-            problem = "no val_bpb in metrics.jsonl"
+        elif not any(key in m for m in metrics for key in MEASURES):
+            problem = f"no {' or '.join(MEASURES)} in metrics.jsonl"
         elif (max_steps is not None and metrics[-1].get("step", 0) < max_steps
               and summary.get("ended_by") != "time_budget"):
             problem = f"stopped at step {metrics[-1].get('step')} of train.max_steps={max_steps}"
@@ -113,3 +116,10 @@ def recorded_variants(path: Path) -> list[Variant]:
                 for lr, values in finals.items() for seed, bpb in enumerate(values)]
         variants.append(Variant(name, runs))
     return variants
+
+
+def measure_of(variants: list[Variant]) -> str:
+    """The key the variants are compared by: val_acc where every complete run's last eval has it (a task's runs),
+    else val_bpb."""
+    complete = [run for variant in variants for run in variant.complete]
+    return "val_acc" if complete and all("val_acc" in run.evals[-1] for run in complete) else "val_bpb"

@@ -4,7 +4,7 @@ import math
 import statistics
 
 from study.lr import LRLine
-from study.runs import Run, Variant
+from study.runs import MEASURES, Run, Variant, measure_of
 
 
 def mean_std(values: list[float]) -> tuple[float, float | None]:
@@ -18,10 +18,10 @@ def fmt_mean_std(values: list[float]) -> str:
     return f"{mean:.4f} ± {std:.4f}" if std is not None else f"{mean:.4f}"
 
 
-def delta_and_noise(variant: Variant, baseline: Variant) -> tuple[float, float | None] | None:
-    """The variant's mean final val bpb less the baseline's, and two standard errors of that difference (None where
-    either side has one run); None where either has no complete run."""
-    ours, theirs = variant.final("val_bpb"), baseline.final("val_bpb")
+def delta_and_noise(variant: Variant, baseline: Variant, measure: str) -> tuple[float, float | None] | None:
+    """The variant's mean final val bpb (or another measure) less the baseline's, and two standard errors of that
+    difference (None where either side has one run); None where either has no complete run."""
+    ours, theirs = variant.final(measure), baseline.final(measure)
     if not ours or not theirs:
         return None
     (mean_v, std_v), (mean_b, std_b) = mean_std(ours), mean_std(theirs)
@@ -30,13 +30,13 @@ def delta_and_noise(variant: Variant, baseline: Variant) -> tuple[float, float |
     return mean_v - mean_b, 2 * math.sqrt(std_v ** 2 / len(ours) + std_b ** 2 / len(theirs))
 
 
-def difference(variant: Variant, baseline: Variant | None) -> tuple[str, str]:
-    """(Δ bpb from the baseline, whether it is beyond seed noise)"""
+def difference(variant: Variant, baseline: Variant | None, measure: str) -> tuple[str, str]:
+    """(Δ of the measure from the baseline, whether it is beyond seed noise)"""
     if baseline is None:
         return "", ""
     if variant is baseline:
         return "(baseline)", ""
-    if (measured := delta_and_noise(variant, baseline)) is None:
+    if (measured := delta_and_noise(variant, baseline, measure)) is None:
         return "n/a", "n/a"
     delta, noise = measured
     if noise is None:
@@ -81,8 +81,11 @@ def equal_time_budget(runs: list[Run]) -> float | None:
 
 
 def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
-    lines = ["| variant | runs (n) | params | steps | tokens (M) | elapsed s | val loss | val bpb | Δ bpb vs baseline "
-             "| beyond seed noise? | tokens/s | KV cache bytes/token |",
+    """A row per variant, compared by its measure (runs/MEASURES: val bpb, or a task's val acc)."""
+    measure = measure_of(variants)
+    name = MEASURES[measure]
+    lines = [f"| variant | runs (n) | params | steps | tokens (M) | elapsed s | val loss | val {name} | Δ {name} vs "
+             f"baseline | beyond seed noise? | tokens/s | KV cache bytes/token |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for variant in variants:
         n_incomplete = len(variant.runs) - len(variant.complete)
@@ -90,9 +93,9 @@ def markdown_table(variants: list[Variant], baseline: Variant | None) -> str:
         # each run's own rate, the one its last line prints: summary.json's training tokens over its steps' time
         rates = [r.summary["tokens_per_s"] for r in variant.complete if r.summary.get("tokens_per_s")]
         speed = f"{statistics.mean(rates):,.0f}" if rates else "?"
-        delta, beyond = difference(variant, baseline)
+        delta, beyond = difference(variant, baseline, measure)
         lines.append(f"| {variant.name} | {runs} | {summary_value(variant, 'num_params')} | {extent_cells(variant)} "
-                     f"| {fmt_mean_std(variant.final('val_loss'))} | {fmt_mean_std(variant.final('val_bpb'))} "
+                     f"| {fmt_mean_std(variant.final('val_loss'))} | {fmt_mean_std(variant.final(measure))} "
                      f"| {delta} | {beyond} | {speed} | {summary_value(variant, 'kv_cache_bytes_per_token')} |")
     return "\n".join(lines)
 
@@ -119,19 +122,22 @@ def routing_table(variants: list[Variant]) -> str | None:
 
 def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, float | None],
              grid_trains: dict[str, str]) -> str:
-    rows = ["| variant | best lr | LR sensitivity | runs at best lr (n) | steps | tokens (M) | elapsed s "
-            "| val bpb at best lr | Δ bpb vs baseline | beyond seed noise? | largest lr that trains | grid that trains "
-            "| params | KV cache bytes/token |",
+    """Each line at its best lr, compared by its measure (val bpb, or a task's val acc: study/runs.py)."""
+    measure = measure_of([line.best for line in lines])
+    name = MEASURES[measure]
+    rows = [f"| variant | best lr | LR sensitivity | runs at best lr (n) | steps | tokens (M) | elapsed s "
+            f"| val {name} at best lr | Δ {name} vs baseline | beyond seed noise? | largest lr that trains "
+            f"| grid that trains | params | KV cache bytes/token |",
             "|---|---:|---:|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for line in lines:
-        delta, beyond = difference(line.best, baseline.best if baseline else None)
+        delta, beyond = difference(line.best, baseline.best if baseline else None, measure)
         if line is baseline:
             delta, beyond = "(baseline)", ""
         n_incomplete = len(line.best.runs) - len(line.best.complete)
         runs = f"{len(line.best.complete)}" + (f" + {n_incomplete} incomplete" if n_incomplete else "")
         rows.append(f"| {line.name} | {'none' if line.best_lr is None else f'{line.best_lr:g}'} | "
                     f"{'n/a' if line.sensitivity is None else f'{line.sensitivity:.4f}'} | {runs} "
-                    f"| {extent_cells(line.best)} | {fmt_mean_std(line.best.final('val_bpb'))} | {delta} | {beyond} "
+                    f"| {extent_cells(line.best)} | {fmt_mean_std(line.best.final(measure))} | {delta} | {beyond} "
                     f"| {'none' if trains[line.name] is None else f'{trains[line.name]:g}'} | {grid_trains[line.name]} "
                     f"| {summary_value(line.best, 'num_params')} "
                     f"| {summary_value(line.best, 'kv_cache_bytes_per_token')} |")
@@ -139,7 +145,8 @@ def lr_table(lines: list[LRLine], baseline: LRLine | None, trains: dict[str, flo
 
 
 def lr_curve_table(lines: list[LRLine]) -> str:
-    """Every line's final val bpb (seed 0) at every learning rate tried: the numbers behind the LR plot."""
+    """Every line's final val bpb (or a task's val loss: its axis, seed 0) at every learning rate tried: the numbers
+    behind the LR plot."""
     lrs = sorted({lr for line in lines for lr in line.curve})
     rows = ["| variant | " + " | ".join(f"{lr:g}" for lr in lrs) + " |", "|---|" + "---:|" * len(lrs)]
     for line in lines:

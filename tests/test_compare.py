@@ -18,9 +18,8 @@ import compare
 from data_helpers import ROOT, run_script, run_train, start_script, summary
 from settings import compose_config
 from study.fairness import SPEED_SPREAD, measured_rate
-from study.plots import bpb_curve
+from study.plots import measure_curve
 from study.runs import find_run_dirs, load_run
-from study.tables import delta_and_noise
 from study.variants import group_runs
 
 MAX_STEPS = 6
@@ -291,7 +290,7 @@ def test_an_equal_time_comparison_against_a_hand_computation(tmp_path, capsys):
     # step 6, which seed 2 never reached, would average two runs of three
     relu = next(v for v in group_runs([load_run(d) for d in find_run_dirs(tmp_path)])
                 if v.name == "relu")
-    xs, mean, low, high = bpb_curve(relu, "elapsed_s")
+    xs, mean, low, high = measure_curve(relu, "elapsed_s", "val_bpb")
     assert xs == pytest.approx([0.4, 0.8, (1.6 + 1.6 + 1.0) / 3])
     assert (mean[-1], low[-1], high[-1]) == pytest.approx((2.33, 2.30, 2.36))
     assert imread(tmp_path / "time.png").shape[1] > 600
@@ -383,7 +382,7 @@ def test_a_variant_whose_runs_evaluated_once_is_a_point_on_the_curves(tmp_path, 
     assert table_rows(capsys.readouterr().out)["once"]["val bpb"] == "2.3000"
     once = next(v for v in group_runs([load_run(d) for d in find_run_dirs(tmp_path)])
                 if v.name == "once")
-    assert bpb_curve(once, "tokens") == ([MAX_STEPS * TOKENS_PER_STEP], [2.3], [2.3], [2.3])
+    assert measure_curve(once, "tokens", "val_bpb") == ([MAX_STEPS * TOKENS_PER_STEP], [2.3], [2.3], [2.3])
     assert imread(tmp_path / "curves.png").shape[1] > 600
 
 

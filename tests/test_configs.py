@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from errors import ConfigError
 from model import ModelConfig, Transformer
+from model.block import rope_dim
 from settings import CONFIG_DIR, compose_config, sample_jobs
 from training.config import model_config
 from training.state import Progress
@@ -62,7 +63,7 @@ def test_deepseek_tiny_is_llama_tiny_with_the_studys_mla_at_its_parameters_and_a
     differing = {key for key in llama.model if llama.model[key] != deepseek.model[key]}
     assert differing == {"name", "attention", "n_kv_heads", "kv_rank", "rope_head_dim", "d_ff"}
     models = {name: Transformer(model_config(cfg)) for name, cfg in (("llama", llama), ("deepseek", deepseek))}
-    assert models["deepseek"].cfg.attention == "mla" and models["deepseek"].cfg.rope_dim == 32 // 2
+    assert models["deepseek"].cfg.attention == "mla" and rope_dim(models["deepseek"].cfg) == 32 // 2
     assert abs(models["deepseek"].num_params() - models["llama"].num_params()) < 1e-3 * models["llama"].num_params()
     mqa = Transformer(model_config(compose_config(["attention=mqa"])))
     assert models["deepseek"].kv_cache_bytes_per_token() == mqa.kv_cache_bytes_per_token()  # 4 layers x 64 x fp32

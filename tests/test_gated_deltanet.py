@@ -194,7 +194,7 @@ def test_the_gate_and_partial_rope_are_their_formulas():
     (dict(kv_rank=8, n_kv_heads=4, attention_gate=True), "model.attention_gate=true with attention=mla")])
 def test_settings_that_cannot_be_are_refused_with_their_reason(settings, message):
     with pytest.raises(ConfigError) as error:
-        ModelConfig(**TINY | settings)
+        Transformer(ModelConfig(**TINY | settings))
     assert message in str(error.value)
 
 

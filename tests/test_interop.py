@@ -27,6 +27,7 @@ from interop.families import FAMILIES, family_for, family_of
 from interop.hf import hf_config, hf_head_dim, hf_layer_types, hf_state_dict, model_config_from_hf
 from interop.load import load_model
 from interop_helpers import PROMPT, TEXTS, VOCAB, corpus, greedy_ids, llama_cfg, one_error_line, run_export
+from model.block import rope_dim
 from model.transformer import Transformer
 from settings import compose_config
 from storage.checkpoint import CheckpointError, save_checkpoint
@@ -391,7 +392,7 @@ def test_import_deepseek_v3_dir_with_equal_logits_and_greedy_text(tmp_path, toke
     theirs.save_pretrained(tmp_path / "hf")
     shutil.copyfile(tokenizer_file, tmp_path / "hf" / "tokenizer.model")
     ours, _ = load_model(tmp_path / "hf")
-    assert (ours.cfg.attention, ours.cfg.kv_rank, ours.cfg.q_rank, ours.cfg.rope_dim, ours.cfg.value_dim,
+    assert (ours.cfg.attention, ours.cfg.kv_rank, ours.cfg.q_rank, rope_dim(ours.cfg), ours.cfg.value_dim,
             ours.cfg.head_dim, ours.cfg.norm_eps) == ("mla", 16, 12, 4, 6, 8, 1e-4)
     assert_same_model(ours, tmp_path / "hf", theirs, tok, capsys, MLA_FLOAT64_STEPS)
 

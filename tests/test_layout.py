@@ -4,6 +4,7 @@ can hide an arrow). A module may import its own package and any layer below its 
     errors.py, parsing.py, cli.py,        import nothing of the repo but each other: every layer uses them
     storage/files.py
     model/                                the architecture
+    tasks/                                the synthetic tasks, one file each (the capability map's)
     settings.py                           the schema of configs/ and the composition of a config
     data/                                 corpora, the tokenizer, the token caches
     storage/                              checkpoints
@@ -21,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = {"errors", "parsing", "cli", "storage.files"}
-LAYERS = ["model", "settings", "data", "storage", "interop", ("training", "generation"), "insight",
+LAYERS = ["model", "tasks", "settings", "data", "storage", "interop", ("training", "generation"), "insight",
           ("benchmarks", "study")]
 
 
@@ -37,13 +38,15 @@ def layer(module: str) -> tuple[int, str]:
 
 
 def repo_modules(root: Path) -> dict[str, Path]:
-    """Every module of the repo at `root`: the root's own, each package's (a folder with an __init__.py)
-    and scripts/'."""
+    """Every module of the repo at `root`: the root's own, each package's and sub-package's (a folder with an
+    __init__.py, such as interop/families/) and scripts/'."""
     modules = {path.stem: path for path in root.glob("*.py")}
-    packages = [init.parent.name for init in root.glob("*/__init__.py")] + ["scripts"]
+    packages = [init.parent for init in root.glob("*/__init__.py")] + [root / "scripts"]
+    packages += [init.parent for package in packages for init in package.glob("**/__init__.py") if init.parent != package]
     for package in packages:
-        for path in (root / package).glob("*.py"):
-            modules[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        name = ".".join(package.relative_to(root).parts)
+        for path in package.glob("*.py"):
+            modules[name if path.stem == "__init__" else f"{name}.{path.stem}"] = path
     return modules
 
 

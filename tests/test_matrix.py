@@ -1,9 +1,10 @@
 """The matrix: every command README lists, run on every preset of configs/model/ and on every attention and FFN kind
-(configs/attention/, configs/ffn/) that no preset chooses, each on llama_tiny, and on the all-linear model. A new
-preset or a new kind's config file joins it by itself. Each model trains once (2 steps), and every command then
-reads that run: resume (to step 3), generate (greedy, cached against recomputed in float64), evaluate, report (its
-page, on a short prompt), export to transformers (a model that loads with its logits) and to GGUF (a file that loads),
-or one `error:` line and exit 2 for each, and bench's decode loop. Any traceback fails."""
+(configs/attention/, configs/ffn/) that no preset chooses, each on llama_tiny, on the all-linear model, and on every
+synthetic task (tasks/). A new preset, a new kind's config file or a new task's registry line joins it by itself.
+Each model trains once (2 steps), and every command then reads that run: resume (to step 3), generate (greedy,
+cached against recomputed in float64), evaluate, report (its page, on a short prompt), export to transformers (a
+model that loads with its logits) and to GGUF (a file that loads), or one `error:` line and exit 2 for each, and
+bench's decode loop. Any traceback fails."""
 import json
 import shutil
 from pathlib import Path
@@ -23,6 +24,7 @@ from generation.engine import Engine
 from interop.load import load_model
 from settings import compose_config
 from storage.checkpoint import resolve_ckpt_dir
+from tasks import TASKS
 from tests.data_helpers import ROOT, run_script, summary, write_corpus
 
 PRESETS = sorted(path.stem for path in (ROOT / "configs/model").glob("*.yaml"))
@@ -32,17 +34,25 @@ def matrix() -> dict[str, list[str]]:
     """Each case's overrides, by its name: the presets, then each attention and FFN option no preset picks, each
     shrunk to heads of 16 dims (the smallest every preset's sizes allow: deepseek_tiny's RoPE part is 16 dims)."""
     cases = {preset: [f"model={preset}"] for preset in PRESETS}
-    chosen = {(group, getattr(compose_config([f"model={preset}"]).model, group)) for preset in PRESETS
-              for group in ("attention", "ffn")}
+    models = {preset: compose_config(overrides).model for preset, overrides in cases.items()}
+    chosen = {(group, model[group]) for model in models.values() for group in ("attention", "ffn")}
     for group in ("attention", "ffn"):
         for option in sorted(path.stem for path in (ROOT / "configs" / group).glob("*.yaml")):
             if (group, option) not in chosen:
                 cases[f"llama_tiny_{option}"] = ["model=llama_tiny", f"{group}={option}"]
     cases["gdn_all"] = ["+ablation=gdn_all"]  # the linear kind with no attention layer at all
-    return {name: [*overrides, f"model.d_model={16 * compose_config(overrides).model.n_heads}"]
-            for name, overrides in cases.items()}
+    heads = {name: (models.get(name) or compose_config(overrides).model).n_heads for name, overrides in cases.items()}
+    cases = {name: [*overrides, f"model.d_model={16 * heads[name]}", *TEXT] for name, overrides in cases.items()}
+    return cases | {task: ["model=llama_tiny", "model.d_model=64", "model.context_length=128", "data=task",
+                           f"data.task={task}", "data.train_examples=64"] for task in TASKS}
 
 
+# The commands past evaluate read the model and the tokenizer alone, the same kind for every task: the first task
+# runs them, and each other task's case ends at evaluate, where the task's own data was last read.
+ENDS_AT_EVALUATE = set(list(TASKS)[1:])
+
+
+TEXT = ["data=text", "data.vocab_size=300"]  # the corpus fixture's text; a task's case trains on its task instead
 CASES = matrix()
 
 
@@ -52,12 +62,12 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def train(run_dir: Path, corpus: Path, overrides: list[str], steps: int, *extra: str):
-    done = run_script(ROOT / "train.py", *overrides, "data=text", f"data.path={corpus}", "data.vocab_size=300",
-                      f"data.cache_dir={corpus.parent / 'cache'}", "data.num_proc=1", "model.context_length=64",
-                      "train.batch_size=4", "train.micro_batch_size=4", "train.time_budget=null",
-                      f"train.max_steps={steps}", "train.eval_tokens=256", "train.eval_interval=2",
-                      "train.ckpt_interval=2", "train.sample_interval=2", "train.sample_tokens=4",
-                      "wandb.mode=disabled",
+    text = [f"data.path={corpus}"] if "data=text" in overrides else []
+    done = run_script(ROOT / "train.py", f"data.cache_dir={corpus.parent / 'cache'}", "data.num_proc=1",
+                      "model.context_length=64", "train.batch_size=4", "train.micro_batch_size=4",
+                      "train.time_budget=null", f"train.max_steps={steps}", "train.eval_tokens=256",
+                      "train.eval_interval=2", "train.ckpt_interval=2", "train.sample_interval=2",
+                      "train.sample_tokens=4", "wandb.mode=disabled", *overrides, *text,
                       f"hydra.run.dir={run_dir}", f"latest_link={run_dir.parent / 'latest'}", *extra)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -87,7 +97,11 @@ def test_every_command_works_for(case, corpus, tmp_path, capsys):
     prompt = [1, 5, 9, 13]
     assert greedy(engine, prompt, use_cache=True) == greedy(engine, prompt, use_cache=False)
 
-    assert evaluate.main(["--ckpt", str(run_dir), "--lengths", "64"]) == 0
+    capsys.readouterr()
+    if evaluate.main(["--ckpt", str(run_dir), "--lengths", "64"]) != 0:  # a task: no val text, one line says so
+        assert "data=task" in CASES[case] and "synthetic task" in one_error_line(capsys.readouterr().err)
+    if case in ENDS_AT_EVALUATE:
+        return
     # the checkpoint alone, outside its run: the page's val-split sections read the prompt instead, which
     # tests/test_report.py's runs cover; and a short prompt, as the maps' figures grow with its tokens
     shutil.copytree(resolve_ckpt_dir(run_dir), tmp_path / "alone")

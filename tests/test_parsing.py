@@ -4,7 +4,7 @@ import pytest
 
 from cli import Parser
 from errors import ConfigError, UsageError
-from model.config import ModelConfig
+from model import ModelConfig, Transformer
 from parsing import decimal_number, signed_number, whole_number, whole_numbers
 from training.budget import parse_duration
 
@@ -50,7 +50,7 @@ def test_a_numeric_flag_refuses_other_digits_in_one_line(flag, value, message):
                                      "2:1:1", "2:2"])
 def test_a_window_pattern_other_than_its_forms_is_refused_naming_it(pattern):
     with pytest.raises(ConfigError) as refused:
-        ModelConfig(window=8, window_pattern=pattern)
+        Transformer(ModelConfig(window=8, window_pattern=pattern))
     assert str(refused.value) == (f"model.window_pattern={pattern!r} must be all, alternate or N:1 (N local layers "
                                   f"to one global, e.g. 5:1)")
 

@@ -1,37 +1,17 @@
-"""The recall probe (data/recall.py, scripts/recall_probe.py): a sequence asks for every pair once and targets only
-the answers; the accuracy is 1 for a model that looks each query up and 0 for one that copies its input; the probe
-reads every run of a study with the same sequences, one line per variant; bad input is one line."""
+"""The recall probe (scripts/recall_probe.py, tasks/mqar.py's sequences: tests/test_tasks.py): the accuracy is 1 for a
+model that looks each query up and 0 for one that copies its input; the probe reads every run of a study with the
+same sequences, one line per variant; bad input is one line."""
 import json
 
 import pytest
 import torch
 
-from data.recall import IGNORE, recall_batch
 from data.tokenizer import train_tokenizer
 from data_helpers import write_corpus
 from interop_helpers import VOCAB, llama_cfg
 from model.transformer import Transformer
 from scripts import recall_probe
 from storage.checkpoint import save_checkpoint
-
-
-def test_a_sequence_asks_for_each_pair_once_and_targets_only_the_answers():
-    pieces = torch.arange(10, 60)
-    sequences, targets = recall_batch(16, 5, pieces, torch.Generator().manual_seed(0))
-    assert sequences.shape == targets.shape == (16, 20)
-    for row, target in zip(sequences.tolist(), targets.tolist()):
-        keys, values = row[0:10:2], row[1:10:2]
-        assert len(set(keys + values)) == 10 and all(10 <= t < 60 for t in keys + values)  # distinct, from pieces
-        queries, answers = row[10::2], row[11::2]
-        assert sorted(queries) == sorted(keys)
-        assert answers == [values[keys.index(q)] for q in queries]  # each query followed by its pair's value
-        assert [t for t in target if t != IGNORE] == answers  # only the answers are targets
-        assert [i for i, t in enumerate(target) if t != IGNORE] == list(range(10, 20, 2))  # at the queries
-
-
-def test_more_pairs_than_the_pieces_hold_are_refused():
-    with pytest.raises(ValueError, match="6 pairs: 2 x 6 distinct tokens from 10"):
-        recall_batch(2, 6, torch.arange(10), torch.Generator())
 
 
 class LookUp(torch.nn.Module):

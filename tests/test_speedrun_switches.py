@@ -110,7 +110,7 @@ def test_adamw_decays_the_value_tables_and_not_the_scalars_and_muon_takes_neithe
     (dict(residual_scalars="yes"), r"model.residual_scalars='yes' must be true or false")])
 def test_a_switch_a_layer_cannot_take_is_refused_with_the_layer_named(settings, message):
     with pytest.raises(ConfigError, match=message):
-        ModelConfig(**TINY | settings)
+        Transformer(ModelConfig(**TINY | settings))
 
 
 def test_a_hybrid_takes_value_embeddings_in_its_attention_layers():

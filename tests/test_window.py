@@ -145,7 +145,7 @@ def test_the_cache_holds_the_window_in_local_layers(pattern, local):
 def test_bad_windows_are_refused(settings, message):
     cfg = dict(vocab_size=64, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, context_length=32) | settings
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
-        ModelConfig(**cfg)
+        Transformer(ModelConfig(**cfg))
 
 
 @pytest.mark.parametrize("sinks", [False, True])

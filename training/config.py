@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from errors import ConfigError
 from model.config import ModelConfig
+from model.transformer import validate as validate_model
 from settings import flatten
 from storage.checkpoint import CheckpointError, resolve_ckpt_dir, run_dir_of
 from training.budget import parse_duration
@@ -109,7 +110,9 @@ def model_config(cfg: DictConfig, vocab_size: int | None = None) -> ModelConfig:
     """The model of a composed config: its `model` node, with this vocab size (the tokenizer's), else the data
     settings' (data.vocab_size=null: the vocabulary rule picks it with the data, so a provisional one checks the rest)."""
     vocab = vocab_size or cfg.data.vocab_size or PROVISIONAL_VOCAB
-    return ModelConfig.from_settings({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
+    model = ModelConfig.from_settings({**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": vocab})
+    validate_model(model)  # each kind's own rules, before any data is read
+    return model
 
 
 def autocast_for(device: torch.device) -> AbstractContextManager:

@@ -3,8 +3,10 @@
     loss = mean over the B*T positions of -log p(y | x)            (nats per token)
     val_ppl = exp(val_loss)
     val_bpb = val_loss / ln 2 / bytes_per_token                     (bits per byte of val text)
+    val_acc = the mean over a task's levels of the share of its answers that are the argmax (tasks/)
 bpb divides out the tokenizer: a bigger vocab packs more bytes into each token, which raises the
-loss per token but not the cost per byte, so bpb compares runs across vocab sizes and corpora.
+loss per token but not the cost per byte, so bpb compares runs across vocab sizes and corpora. A synthetic task
+has no text: its loss and accuracy are at its scored positions only (its other targets are IGNORE).
 """
 import math
 from contextlib import AbstractContextManager
@@ -13,36 +15,59 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.base import IGNORE
 from model.moe import max_violation
 
 
 def next_token_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """x, y: [B, T] token ids, y[:, t] the token after x[:, t]. The logits [B, T, V] go to fp32 at
     least for the softmax, which bf16 autocast would otherwise compute in bf16 (fp64 stays fp64)."""
-    logits = model(x).flatten(0, 1)
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y.flatten())
+    return cross_entropy(model(x), y)
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The mean of -log p(y) over the targets that are not IGNORE, from logits [B, T, V]."""
+    logits = logits.flatten(0, 1)
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), y.flatten(),
+                           ignore_index=IGNORE)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], autocast: AbstractContextManager,
-             bytes_per_token: float) -> dict:
-    """The metrics over every token of the batches (the last batch may be the smaller: each counts by its tokens),
-    and an MoE's routing over them (routing_metrics)."""
+def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor, str | None]],
+             autocast: AbstractContextManager, bytes_per_token: float | None) -> dict:
+    """The metrics over every target of the batches (the last batch may be the smaller: each counts by its targets),
+    and an MoE's routing over them (routing_metrics). A batch's level name (a task's: '' where it has one level,
+    None for text) makes its accuracy count, as val_acc and val_acc/<level>; bytes_per_token (text's) makes val_bpb
+    and val_ppl."""
     model.eval()
-    nats, routing = 0.0, {}
+    nats, routing, levels = 0.0, {}, {}
     with autocast:
-        for x, y in batches:
-            nats += next_token_loss(model, x, y).item() * y.numel()
-            for layer, moe in model.moe_layers().items():  # each block's loads and entropy, weighted by tokens
+        for x, y, level in batches:
+            logits = model(x)
+            scored = y != IGNORE
+            nats += cross_entropy(logits, y).item() * scored.sum().item()
+            if level is not None:
+                right, count = levels.get(level, (0, 0))
+                hits = (logits.argmax(-1)[scored] == y[scored]).sum().item()
+                levels[level] = (right + hits, count + scored.sum().item())
+            for layer, moe in model.moe_layers().items():  # each block's loads and entropy, weighted by targets
                 load, entropy = routing.get(layer, (0, 0))
                 last = moe.last_routing()
                 routing[layer] = (load + last["load"] * y.numel(), entropy + last["entropy"] * y.numel())
     model.train()
-    tokens = sum(y.numel() for _, y in batches)
-    val_loss = nats / tokens
-    val_ppl = math.exp(val_loss) if val_loss < 700 else math.inf  # exp(710) overflows a float
-    return {"val_loss": val_loss, "val_bpb": val_loss / math.log(2) / bytes_per_token, "val_ppl": val_ppl,
-            **routing_metrics({layer: (load / tokens, entropy / tokens) for layer, (load, entropy) in routing.items()})}
+    targets = sum((y != IGNORE).sum().item() for _, y, _ in batches)
+    metrics = {"val_loss": nats / targets}
+    if bytes_per_token is not None:
+        val_loss = metrics["val_loss"]
+        metrics |= {"val_bpb": val_loss / math.log(2) / bytes_per_token,
+                    "val_ppl": math.exp(val_loss) if val_loss < 700 else math.inf}  # exp(710) overflows a float
+    if levels:
+        shares = {level: right / count for level, (right, count) in levels.items()}
+        metrics["val_acc"] = sum(shares.values()) / len(shares)
+        metrics |= {f"val_acc/{level}": share for level, share in shares.items() if level}
+    tokens = sum(y.numel() for _, y, _ in batches)
+    return metrics | routing_metrics({layer: (load / tokens, entropy / tokens)
+                                      for layer, (load, entropy) in routing.items()})
 
 
 def routing_metrics(routing: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict:

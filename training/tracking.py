@@ -47,10 +47,11 @@ def has_wandb_login() -> bool:
         return False
 
 
-def default_run_name(choices: dict) -> str:
-    """The preset, then every component group chosen differently from the preset's own defaults, e.g.
-    `llama_tiny-norm=layernorm-ffn=relu`, whatever the experiment (+experiment=quick shortens a run, not its model)
-    (choices: Hydra's group -> option of this run)."""
+def default_run_name(choices: dict, task: str | None = None) -> str:
+    """The synthetic task it learns (data.task, if any), the preset, then every component group chosen differently
+    from the preset's own defaults, e.g. `llama_tiny-norm=layernorm-ffn=relu` or `mqar-llama_tiny-position=none`,
+    whatever the experiment (+experiment=quick shortens a run, not its model) (choices: Hydra's group -> option of
+    this run)."""
     preset = choices["model"]
     preset_defaults = OmegaConf.load(CONFIG_DIR / "model" / f"{preset}.yaml").get("defaults", [])
     switched = []
@@ -59,7 +60,7 @@ def default_run_name(choices: dict) -> str:
             group = key.removeprefix("override /")
             if choices.get(group) != option:
                 switched.append(f"{group}={choices.get(group)}")
-    return "-".join([preset, *switched])
+    return "-".join([*([task] if task else []), preset, *switched])
 
 
 def keep_metrics_up_to(path: Path, step: int) -> dict:
@@ -163,8 +164,9 @@ def end_of_run_line(name: str, progress, meter: Throughput, reference_tokens_per
     """How much the run trained, to what val bpb (its last eval's), and its speed against the reference, which was
     measured for the model named measured_for (model.name: each preset sets its own): a time budget is wall-clock,
     so a busy or slower machine buys fewer steps with it."""
-    bpb = progress.last_val.get("val_bpb")
+    bpb, acc = progress.last_val.get("val_bpb"), progress.last_val.get("val_acc")
     line = (f"{name}: done: " + (f"val bpb {bpb:.4f} after " if bpb is not None else "")
+            + (f"val acc {acc:.3f} after " if acc is not None else "")
             + f"{progress.step:,} steps, {progress.tokens / 1e6:.2f} M tokens in {progress.elapsed_s:.1f} s of training")
     rate = meter.session_rate
     if rate is not None:
@@ -209,7 +211,9 @@ class Tracker:
 
     def show_eval(self, step: int, val: dict) -> None:
         """On screen only: metrics.jsonl and W&B get the eval in the step's metrics line."""
-        tqdm.write(f"step {step}: val loss {val['val_loss']:.4f} | bpb {val['val_bpb']:.4f} | ppl {val['val_ppl']:.1f}")
+        shown = [f"val loss {val['val_loss']:.4f}"] + [f"{label} {val[key]:{form}}" for key, label, form in (
+            ("val_bpb", "bpb", ".4f"), ("val_ppl", "ppl", ".1f"), ("val_acc", "acc", ".3f")) if key in val]
+        tqdm.write(f"step {step}: " + " | ".join(shown))
 
     def log_sample(self, step: int, text: str) -> None:
         tqdm.write(f"---- sample at step {step} ----\n{text}\n----")

@@ -34,6 +34,7 @@ import torch
 
 from interop import InteropError
 from interop.layout import Experts, Names, dense_ffn_names, expert_names, moe_layout
+from model.block import rope_dim
 from model.config import ModelConfig, window_pattern_of
 from model.rope_scaling import YARN_BETA_FAST, YARN_BETA_SLOW, ntk_base
 from model.transformer import Transformer
@@ -305,7 +306,7 @@ class Family:
         <arch>.rope.scaling.* (yarn with its original context and betas; llama.cpp derives the attention factor
         0.1 ln s + 1 itself); finetuned says whether the weights were trained under the scaling."""
         ntk = cfg.rope_scaling == "ntk"
-        writer.add_rope_freq_base(ntk_base(cfg.rope_base, cfg.rope_factor, cfg.rope_dim) if ntk else cfg.rope_base)
+        writer.add_rope_freq_base(ntk_base(cfg.rope_base, cfg.rope_factor, rope_dim(cfg)) if ntk else cfg.rope_base)
         if cfg.rope_scaling not in ("linear", "yarn"):
             return
         writer.add_rope_scaling_type(gguf.RopeScalingType(cfg.rope_scaling))
@@ -336,7 +337,7 @@ def hf_rope(cfg: ModelConfig) -> tuple[dict, int]:
     if cfg.rope_scaling == "none":
         return {"rope_type": "default", "rope_theta": cfg.rope_base}, cfg.context_length
     if cfg.rope_scaling == "ntk":
-        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, cfg.rope_dim)}, \
+        return {"rope_type": "default", "rope_theta": ntk_base(cfg.rope_base, cfg.rope_factor, rope_dim(cfg))}, \
             cfg.context_length
     rope = {"rope_type": cfg.rope_scaling, "rope_theta": cfg.rope_base, "factor": float(cfg.rope_factor)}
     if cfg.rope_scaling == "dynamic":

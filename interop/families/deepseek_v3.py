@@ -34,6 +34,7 @@ import torch
 from interop import InteropError
 from interop.families.base import LLAMA_SWITCHES, Family, LlamaCppArch
 from interop.layout import GATED_PROJECTIONS, Experts, Names, dense_ffn_names, interleaved_pairs
+from model.block import rope_dim
 from model.config import ModelConfig
 from model.mla import LATENT_NORM_EPS
 from model.transformer import Transformer
@@ -50,7 +51,7 @@ FULL_QUERY_DEPTHS = (26, 27)
 
 def rope_rows_in_order(state: dict[str, torch.Tensor], cfg: ModelConfig, order: torch.Tensor) -> dict:
     """An MLA model's weights with each layer's RoPE rows (of every query head, and of the shared key) in `order`."""
-    H, D, d_r, d_c = cfg.n_heads, cfg.head_dim, cfg.rope_dim, cfg.kv_rank
+    H, D, d_r, d_c = cfg.n_heads, cfg.head_dim, rope_dim(cfg), cfg.kv_rank
     out = dict(state)
     for i in range(cfg.n_layers):
         attn = f"blocks.{i}.attn."
@@ -65,7 +66,7 @@ def deepseek_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave
     """An MLA model's weights as DeepseekV3 lays them out: each RoPE part's rows in interleaved pairs (unless
     rope_interleave is false) and each layer's k_up and v_up as one kv_up whose rows are [W_uk,h; W_uv,h] per head.
     repo_layout is its inverse."""
-    order = interleaved_pairs(cfg.rope_dim) if interleave else torch.arange(cfg.rope_dim)
+    order = interleaved_pairs(rope_dim(cfg)) if interleave else torch.arange(rope_dim(cfg))
     out = rope_rows_in_order(state, cfg, order)
     for i in range(cfg.n_layers):
         attn = f"blocks.{i}.attn."
@@ -77,7 +78,7 @@ def deepseek_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave
 
 def repo_layout(state: dict[str, torch.Tensor], cfg: ModelConfig, interleave: bool = True) -> dict:
     """deepseek_layout's inverse: DeepseekV3's weights (under this repo's names) as this repo's model holds them."""
-    order = interleaved_pairs(cfg.rope_dim).argsort() if interleave else torch.arange(cfg.rope_dim)
+    order = interleaved_pairs(rope_dim(cfg)).argsort() if interleave else torch.arange(rope_dim(cfg))
     out = rope_rows_in_order(state, cfg, order)
     for i in range(cfg.n_layers):
         attn = f"blocks.{i}.attn."
@@ -128,7 +129,7 @@ class DeepseekV3(Family):
 
     def head_keys(self, cfg: ModelConfig) -> dict:
         return {"num_key_value_heads": cfg.n_heads, "kv_lora_rank": cfg.kv_rank, "q_lora_rank": cfg.q_rank,
-                "qk_nope_head_dim": cfg.head_dim, "qk_rope_head_dim": cfg.rope_dim, "v_head_dim": cfg.value_dim,
+                "qk_nope_head_dim": cfg.head_dim, "qk_rope_head_dim": rope_dim(cfg), "v_head_dim": cfg.value_dim,
                 "rope_interleave": True, "first_k_dense_replace": cfg.n_layers}  # every FFN dense, unless experts
 
     def expert_keys(self, cfg: ModelConfig) -> dict:
@@ -139,7 +140,7 @@ class DeepseekV3(Family):
 
     def query_key_value_names(self, attn: torch.nn.Module, cfg: ModelConfig, ours: str, theirs: str) -> Names:
         """One MLA layer's names, in deepseek_layout's terms (its kv_up is k_up and v_up, head by head)."""
-        query_rows = cfg.n_heads * (cfg.head_dim + cfg.rope_dim)
+        query_rows = cfg.n_heads * (cfg.head_dim + rope_dim(cfg))
         if cfg.q_rank is None:
             names = {ours + "q_up.weight": [(theirs + "q_proj.weight", query_rows)]}
         else:
@@ -147,7 +148,7 @@ class DeepseekV3(Family):
                      ours + "q_norm.weight": [(theirs + "q_a_layernorm.weight", cfg.q_rank)],
                      ours + "q_up.weight": [(theirs + "q_b_proj.weight", query_rows)]}
         return names | {
-            ours + "kv_down.weight": [(theirs + "kv_a_proj_with_mqa.weight", cfg.kv_rank + cfg.rope_dim)],
+            ours + "kv_down.weight": [(theirs + "kv_a_proj_with_mqa.weight", cfg.kv_rank + rope_dim(cfg))],
             ours + "kv_norm.weight": [(theirs + "kv_a_layernorm.weight", cfg.kv_rank)],
             ours + "kv_up.weight": [(theirs + "kv_b_proj.weight", cfg.n_heads * (cfg.head_dim + cfg.value_dim))]}
 
@@ -238,13 +239,13 @@ class DeepseekV3(Family):
         *_mla."""
         writer.add_head_count(cfg.n_heads)
         writer.add_head_count_kv(1)
-        writer.add_rope_dimension_count(cfg.rope_dim)
+        writer.add_rope_dimension_count(rope_dim(cfg))
         if cfg.q_rank is not None:
             writer.add_q_lora_rank(cfg.q_rank)
         writer.add_kv_lora_rank(cfg.kv_rank)
-        writer.add_key_length(cfg.kv_rank + cfg.rope_dim)
+        writer.add_key_length(cfg.kv_rank + rope_dim(cfg))
         writer.add_value_length(cfg.kv_rank)
-        writer.add_key_length_mla(cfg.head_dim + cfg.rope_dim)
+        writer.add_key_length_mla(cfg.head_dim + rope_dim(cfg))
         writer.add_value_length_mla(cfg.value_dim)
 
 

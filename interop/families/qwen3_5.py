@@ -44,6 +44,7 @@ from interop.families.base import LLAMA_SWITCHES, Family, LlamaCppArch
 from interop.families.qwen3_next import attention_layers, gated_query_key_value_names, gated_rows, hybrid_layer_types, \
     hybrid_settings, linear_attention_names, linear_keys, norm_names, partial_rope, refuse_all_linear, ungated_rows
 from interop.layout import Names
+from model.block import rope_dim
 from model.config import ModelConfig
 from model.gated_deltanet import L2_EPS, GatedDeltaNet
 from model.transformer import Transformer
@@ -133,8 +134,8 @@ class Qwen3_5(Family):
         writer.add_head_count_kv(cfg.n_kv_heads)
         writer.add_key_length(cfg.head_dim)
         writer.add_value_length(cfg.head_dim)
-        writer.add_rope_dimension_count(cfg.rope_dim)
-        pairs = cfg.rope_dim // 2  # each section's share: the pairs p with p % 3 == its index
+        writer.add_rope_dimension_count(rope_dim(cfg))
+        pairs = rope_dim(cfg) // 2  # each section's share: the pairs p with p % 3 == its index
         writer.add_rope_dimension_sections([len(range(section, pairs, 3)) for section in range(3)] + [0])
         writer.add_full_attention_interval(full_attention_interval(cfg))
         writer.add_ssm_conv_kernel(cfg.linear_conv)
