@@ -34,6 +34,7 @@ FFN's are (so Muon orthogonalises each matrix on its own through stacked_rows, a
 them alike): experts_in holds [W1_e^T; W3_e^T] for every e ([E 2d_e, d], nn.Linear's [out, in] rows), experts_out
 each W2_e as x W2_e reads it ([E d_e, d]). Neither is called as a layer: the dispatch multiplies each expert's rows.
 """
+import functools
 import math
 from typing import NamedTuple
 
@@ -58,6 +59,20 @@ def max_violation(load: torch.Tensor) -> float:
     """MaxVio (Wang et al. 2024) of loads [E]: max_e load_e / mean_e load_e - 1, 0 when the experts are balanced."""
     return (load.max() / load.mean() - 1).item()
 
+
+def eager(method):
+    """torch.compiler.disable(method), made at its first call under torch.compile: disable imports torch._dynamo,
+    the largest part of a process's start (docs/performance.md), which a process that never compiles never needs."""
+    disabled = []
+
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            return method(*args, **kwargs)
+        if not disabled:
+            disabled.append(torch.compiler.disable(method))
+        return disabled[0](*args, **kwargs)
+    return call
 
 class Routing(NamedTuple):
     chosen: torch.Tensor  # [N, k] the experts each token goes to
@@ -111,7 +126,7 @@ class MoE(FeedForwardKind):
             gates = gates / gates.sum(dim=-1, keepdim=True)
         return Routing(chosen, gates, scores, probs)
 
-    @torch.compiler.disable  # per-expert shapes that vary with the data: eager, so that compiling the rest holds
+    @eager  # per-expert shapes that vary with the data: eager, so that compiling the rest holds
     def experts(self, x: torch.Tensor, chosen: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
         """sum_j g_j SwiGLU_{chosen_j}(x), dropless: [N, d]. The N k choices sorted by expert, each expert's
         SwiGLU on its rows, the gated outputs added back to their tokens. The rows go through torch's grouped GEMM
@@ -139,7 +154,7 @@ class MoE(FeedForwardKind):
         y = (hidden * gates.flatten()[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, y)
 
-    @torch.compiler.disable  # its state (the counts, the terms) is kept between forwards
+    @eager  # its state (the counts, the terms) is kept between forwards
     def record(self, routing: Routing) -> None:
         """This forward's loads, router entropy and choices; with gradients, the balance terms its loss adds; in
         training, its choices for the bias's next update."""
