@@ -24,6 +24,14 @@ def one_thread():
 
 
 
+def pytest_collection_modifyitems(items):
+    """The tests that share a process (an xdist_group: a study trained once, read by several) first, then the modules
+    in reverse order of their names: under -n 2 the long runs start early, and the many short tests of the first
+    modules (the configs', the model's combinations) end the suite on both workers, not one long test alone."""
+    names = sorted({item.module.__name__ for item in items}, reverse=True)
+    items.sort(key=lambda item: (item.get_closest_marker("xdist_group") is None, names.index(item.module.__name__)))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def descendants():
     """Every process the suite starts (tests/processes.py): none may outlive it, each given GRACE_S to end."""
