@@ -79,7 +79,8 @@ def report_lr_sweep(runs: list[Run], sweep, baseline_name: str, margin: float, a
     if routing := routing_table([line.best for line in lines]):
         print(f"\nThe routing at each line's best lr (last eval):\n\n{routing}")
     print(f"\nLR sensitivity: over the {len(grid)} learning rates every variant has ({', '.join(f'{lr:g}' for lr in grid)}), "
-          f"with the loss at initialisation {init:.4f} {unit} (ln vocab_size) for a diverged run or one worse than that.")
+          f"with the loss at initialisation, val {unit} {init:.4f} (ln vocab_size), for a diverged run or one worse than "
+          f"that.")
     if unigram is not None:
         print(f"Trains: final val bpb below the unigram level {unigram:.4f} - {margin:g} = {unigram - margin:.4f} (seed 0).")
     print(f"\nFinal val {unit} (seed 0) at each learning rate:\n\n" + lr_curve_table(lines))
