@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from tasks import TASKS
@@ -121,10 +122,13 @@ def test_a_task_runs_accuracy_per_level_is_in_its_metrics_summary_and_wandb(task
     assert theirs["val_acc/pairs=4"] == ran["val_acc/pairs=4"] and theirs["val_acc"] == ran["val_acc"]
 
 
-def test_a_task_run_killed_outright_resumes_bit_exact(task_run, workdir):
+def test_a_task_run_killed_outright_resumes_bit_exact(workdir):
+    """Killed with SIGKILL past its first checkpoint, wherever that finds it, then resumed to 4 steps past the
+    checkpoint it left: the same losses, accuracy and weights as a run of those steps in one go (one schedule,
+    train.lr_decay_steps, for both)."""
+    settings = [*TASK_RUN, f"data.cache_dir={workdir / 'cache'}", "wandb.mode=disabled", "train.lr_decay_steps=1000"]
     run_dir = workdir / "killed"
-    started = start_script(ROOT / "train.py", *TASK_RUN, f"data.cache_dir={workdir / 'cache'}", "wandb.mode=disabled",
-                           "train.max_steps=100000", "train.lr_decay_steps=8", f"hydra.run.dir={run_dir}")
+    started = start_script(ROOT / "train.py", *settings, "train.max_steps=100000", f"hydra.run.dir={run_dir}")
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and started.poll() is None:  # past the step-4 checkpoint
@@ -135,12 +139,17 @@ def test_a_task_run_killed_outright_resumes_bit_exact(task_run, workdir):
     finally:
         started.kill()
         started.wait()
-    resumed = run_train(run_dir, "train.resume=true", "train.max_steps=8")
+    end = torch.load(run_dir / "ckpt" / "train_state.pt", weights_only=True)["progress"]["step"] + 4
+    resumed = run_train(run_dir, "train.resume=true", f"train.max_steps={end}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    whole, again = metrics(task_run), metrics(run_dir)
-    assert [m["train_loss"] for m in again] == [m["train_loss"] for m in whole]
-    assert again[-1]["val_acc/pairs=4"] == whole[-1]["val_acc/pairs=4"]
-    ours, theirs = load_file(run_dir / "ckpt" / "model.safetensors"), load_file(task_run / "ckpt" / "model.safetensors")
+    assert OmegaConf.load(run_dir / "config.yaml").train.lr_decay_steps == 1000  # its own, fixed: not max_steps
+    whole = run_train(workdir / "unbroken", *settings, f"train.max_steps={end}")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    once, again = metrics(workdir / "unbroken"), metrics(run_dir)
+    assert [m["train_loss"] for m in again] == [m["train_loss"] for m in once] and len(once) == end
+    assert again[-1]["val_acc/pairs=4"] == once[-1]["val_acc/pairs=4"]
+    ours = load_file(run_dir / "ckpt" / "model.safetensors")
+    theirs = load_file(workdir / "unbroken" / "ckpt" / "model.safetensors")
     assert all(torch.equal(ours[key], theirs[key]) for key in theirs)
 
 

@@ -225,14 +225,16 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
     command line's. named_on_command_line (named_settings, a composition per option of each group named) is
     called only where a setting differs from the run's: the same command again composes nothing more."""
     now, before, default = settings_of(cfg), settings_of(saved), settings_of(defaults)
-    # a setting that follows another (train.lr_decay_steps: ${train.max_steps}) is named when the other is
+    # a setting that follows another (train.lr_decay_steps: ${train.max_steps}) is named when the other is, where the
+    # run's own followed it too: a run that fixed its own (to train in pieces) keeps it
     follows = {key: match[1] for key, value in flatten(OmegaConf.to_container(cfg)).items()
                if isinstance(value, str) and (match := re.fullmatch(r"\$\{([\w.]+)\}", value))}
 
     @functools.cache
     def named() -> set[str]:
         keys = named_on_command_line()
-        return keys | {key for key, source in follows.items() if source in keys}
+        return keys | {key for key, source in follows.items()
+                       if source in keys and before.get(key) == before.get(source)}
 
     changed = []
     # what the checkpoint is (model.*, data.*) is checked first: a preset names the train.* it sets too, and a
@@ -247,7 +249,7 @@ def settings_to_resume(cfg: DictConfig, saved: DictConfig, defaults: DictConfig,
         if key == "train.init_from":  # the weights the run started from (resolved); a resume reads its checkpoint
             OmegaConf.update(cfg, key, before[key], merge=False)
             continue
-        if value == default.get(key) and key not in named():
+        if (value == default.get(key) or key in follows) and key not in named():
             OmegaConf.update(cfg, key, before[key], merge=False)
         elif key in RESUME_MAY_CHANGE:
             changed.append(f"{key}={value} (was {before[key]})")
