@@ -18,7 +18,7 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from tasks import task_setting_names
+from tasks import SET_SETTINGS, task_setting_names
 from errors import ConfigError
 from model.config import ModelConfig
 
@@ -91,10 +91,8 @@ def data_settings() -> type:
         ("revision", Optional[str], field(default=None)),
         ("data_files", Optional[dict[str, str]], field(default=None)),
         ("split", Optional[str], field(default=None)),
-        ("task", Optional[str], field(default=None)),  # data=task: the task (tasks/), and its sets below
-        ("seq_len", Optional[int], field(default=None)),
-        ("train_examples", Optional[int], field(default=None)),
-        ("task_seed", Optional[int], field(default=None))] + own)
+        ("task", Optional[str], field(default=None))]  # data=task: the task (tasks/), its sets' settings below
+        + [(name, Optional[int], field(default=None)) for name in SET_SETTINGS] + own)
 
 
 DataSettings = data_settings()

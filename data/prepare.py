@@ -30,10 +30,10 @@ from tqdm import tqdm
 
 from data.batches import eval_batches, get_batch
 from data.sources import SOURCES, DataError
-from tasks import task_setting_names
 from data.task_sets import TaskData, prepare_task
 from data.tokenizer import TRAINER_SETTINGS, Tokenizer, train_tokenizer
 from storage.files import atomic_write, remove_dead_temporaries, sha256, write_json
+from tasks import SET_SETTINGS, task_setting_names
 
 if TYPE_CHECKING:  # datasets is imported by data/sources.py where documents are loaded
     import datasets
@@ -140,7 +140,7 @@ def describe(cfg) -> str:
 
 
 def check_settings(cfg):
-    for key in ("seq_len", "train_examples", "task_seed", *task_setting_names()):
+    for key in (*SET_SETTINGS, *task_setting_names()):
         if cfg.get(key) is not None:
             raise DataError(f"data.{key}={cfg[key]} is a setting of a synthetic task (data=task), not of "
                             f"{describe(cfg)}")

@@ -23,10 +23,11 @@ import sentencepiece as spm
 import torch
 
 from data.sources import DataError
+from data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from model.checks import is_whole
+from storage.files import atomic_write
 from tasks import TASKS, task_setting_names
 from tasks.base import IGNORE, Task
-from data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from storage.files import atomic_write
 
 # Every content and noise symbol's character: readable ones first, then Latin letters that render anywhere.
 ALPHABET = ("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -38,29 +39,30 @@ class TaskData:
     task: Task
     tokenizer: Tokenizer
     ids: torch.Tensor  # [symbols]: each symbol's token id
-    train: tuple[np.ndarray, np.ndarray]  # (inputs, targets) in symbols, each [train_examples, seq_len]
+    train: tuple[torch.Tensor, torch.Tensor]  # (inputs, targets) as token ids, each [train_examples, seq_len]
     seed: int  # data.task_seed
     bytes_per_token: dict = field(default_factory=dict)  # a task has no text: no bits per byte
     unigram_val_bpb: float | None = None
 
     def train_batch(self, batch_size: int, generator: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.randint(len(self.train[0]), (batch_size,), generator=generator).numpy()
-        return self.tokens(self.train[0][rows], device), self.tokens(self.train[1][rows], device)
+        rows = torch.randint(len(self.train[0]), (batch_size,), generator=generator)
+        return self.train[0][rows].to(device), self.train[1][rows].to(device)
 
     def eval_batches(self, batch_size: int, count: int, device) -> list[tuple[torch.Tensor, torch.Tensor, str]]:
         """The test set: `count` sequences per level in batches of batch_size, each with its level's name ('' where
         the task has one level), none a training sequence."""
-        seen = {row.tobytes() for row in self.train[0]}
+        seen = {row.tobytes() for row in self.train[0].numpy()}
         batches = []
         for index, level in enumerate(self.task.levels):
-            inputs, targets = self.task.generate(count, level, np.random.default_rng([self.seed, 1, index]))
-            unseen = np.array([row.tobytes() not in seen for row in inputs])
+            inputs, targets = (as_tokens(symbols, self.ids) for symbols in
+                               self.task.generate(count, level, np.random.default_rng([self.seed, 1, index])))
+            unseen = torch.tensor([row.tobytes() not in seen for row in inputs.numpy()])
             if not unseen.any():
                 name = self.task.level_name(level)
                 raise DataError(f"data.task={self.task.name}: every test sequence{f' at {name}' if name else ''} is a "
                                 f"training sequence too; use a larger data.vocab_size or data.seq_len")
             inputs, targets = inputs[unseen], targets[unseen]
-            batches += [(self.tokens(inputs[i:i + batch_size], device), self.tokens(targets[i:i + batch_size], device),
+            batches += [(inputs[i:i + batch_size].to(device), targets[i:i + batch_size].to(device),
                          self.task.level_name(level) or "") for i in range(0, len(inputs), batch_size)]
         return batches
 
@@ -68,7 +70,7 @@ class TaskData:
         """A test sequence up to its first scored position, in place of train.sample_prompt's text."""
         inputs, targets = self.task.generate(1, self.task.levels[0], np.random.default_rng([self.seed, 2]))
         first = int((targets[0] != IGNORE).nonzero()[0][0])
-        return self.tokenizer.decode(self.tokens(inputs[0, :first + 1], "cpu"))
+        return self.tokenizer.decode(as_tokens(inputs[0, :first + 1], self.ids))
 
     def task_metrics(self, val: dict, num_params: int) -> dict:
         return self.task.metrics(val, num_params)
@@ -78,10 +80,6 @@ class TaskData:
         raise DataError(f"data.task={self.task.name} is a synthetic task, with no val text to score in bits per byte; "
                         f"its accuracy per level is the run's val_acc (metrics.jsonl, summary.json)")
 
-    def tokens(self, symbols: np.ndarray, device) -> torch.Tensor:
-        """Symbol indices as token ids, IGNORE kept."""
-        symbols = torch.from_numpy(symbols)
-        return torch.where(symbols == IGNORE, IGNORE, self.ids[symbols.clamp(min=0)]).to(device)
 
 
 def make_task(cfg: dict, context_length: int) -> Task:
@@ -101,12 +99,12 @@ def make_task(cfg: dict, context_length: int) -> Task:
     seq_len = cfg.get("seq_len") or context_length
     vocab_size = cfg.get("vocab_size") or task.vocab_size
     for setting, value in (("seq_len", seq_len), ("vocab_size", vocab_size), ("train_examples", cfg["train_examples"])):
-        if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        if not is_whole(value):
             raise DataError(f"data.{setting}={value!r} must be a positive integer")
     if seq_len > context_length:
         raise DataError(f"data.seq_len={seq_len} is longer than the model's window, model.context_length="
                         f"{context_length}")
-    if not (isinstance(cfg["task_seed"], int) and cfg["task_seed"] >= 0):
+    if not is_whole(cfg["task_seed"], 0):
         raise DataError(f"data.task_seed={cfg['task_seed']!r} must be a non-negative integer")
     made = task(values, vocab_size, seq_len, cfg["task_seed"])
     if made.vocab_size + made.extra_symbols > len(ALPHABET):
@@ -122,7 +120,13 @@ def prepare_task(cfg: dict, context_length: int) -> TaskData:
     rng, count = np.random.default_rng([cfg["task_seed"], 0]), cfg["train_examples"]
     train = [task.generate(-(-count // len(task.levels)), level, rng) for level in task.levels]  # equal shares
     inputs, targets = (np.concatenate([pair[i] for pair in train])[:count] for i in (0, 1))
-    return TaskData(task, tokenizer, ids, (inputs, targets), cfg["task_seed"])
+    return TaskData(task, tokenizer, ids, (as_tokens(inputs, ids), as_tokens(targets, ids)), cfg["task_seed"])
+
+
+def as_tokens(symbols: np.ndarray, ids: torch.Tensor) -> torch.Tensor:
+    """Symbol indices as token ids (ids: each symbol's), IGNORE kept."""
+    symbols = torch.from_numpy(symbols)
+    return torch.where(symbols == IGNORE, IGNORE, ids[symbols.clamp(min=0)])
 
 
 def symbol_tokenizer(characters: str, cache_dir: Path) -> Tokenizer:

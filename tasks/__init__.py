@@ -13,6 +13,9 @@ from tasks.mqar import MQAR
 from tasks.noisy_in_context_recall import NoisyInContextRecall
 from tasks.selective_copying import SelectiveCopying
 
+# a task run's settings beside each task's own (data/task_sets.py): its sequences' length, its training set's size,
+# the sets' seed
+SET_SETTINGS = ("seq_len", "train_examples", "task_seed")
 TASKS = {task.name: task for task in (MQAR, InContextRecall, NoisyInContextRecall, FuzzyInContextRecall,
                                       SelectiveCopying, Memorization, KHop)}
 

@@ -16,6 +16,7 @@ from typing import ClassVar
 import numpy as np
 
 from errors import ConfigError
+from model.checks import is_whole
 
 IGNORE = -100  # cross_entropy's ignore_index: no target here
 
@@ -81,7 +82,7 @@ class Task(ABC):
         """Its settings' rules, a ConfigError naming the first one broken; the default checks each level is a
         positive integer."""
         for level in self.levels:
-            if level is not None and not (isinstance(level, int) and not isinstance(level, bool) and level >= 1):
+            if level is not None and not is_whole(level):
                 raise ConfigError(f"data.{self.level}={self.values[self.level]!r} must be a positive integer or a "
                                 f"list of them")
 

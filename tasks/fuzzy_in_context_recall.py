@@ -10,6 +10,7 @@ so a model must hold motifs, not symbols. Chance: 2/V.
 """
 import numpy as np
 
+from model.checks import is_whole
 from tasks.base import IGNORE, Task, blank
 
 
@@ -78,7 +79,7 @@ class FuzzyInContextRecall(Task):
         super().validate()
         for setting in ("keys", "key_motif", "value_motif"):
             value = self.values[setting]
-            self.needs(isinstance(value, int) and value >= 1, f"data.{setting}={value!r} must be a positive integer")
+            self.needs(is_whole(value), f"data.{setting}={value!r} must be a positive integer")
         half, longest = self.vocab_size // 2, self.values["key_motif"]
         # prefix-free motifs of at most `longest` symbols: at most half ** longest of them
         self.needs(self.values["keys"] <= half ** longest, f"data.keys={self.values['keys']} prefix-free motifs of "

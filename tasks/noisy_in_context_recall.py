@@ -5,6 +5,7 @@ pair's slot holds two noise symbols instead, with probability data.noise:
 
 The noise is never scored and never a key; a model must learn to pass over it. Chance: 2/V.
 """
+from model.checks import is_number, is_whole
 from tasks.in_context_recall import InContextRecall
 
 
@@ -23,6 +24,6 @@ class NoisyInContextRecall(InContextRecall):
     def validate(self) -> None:
         super().validate()
         noise, noise_vocab = self.values["noise"], self.values["noise_vocab"]
-        self.needs(isinstance(noise, (int, float)) and 0 <= noise < 1, f"data.noise={noise!r} must be in [0, 1)")
-        self.needs(isinstance(noise_vocab, int) and noise_vocab >= 1,
+        self.needs(is_number(noise) and 0 <= noise < 1, f"data.noise={noise!r} must be in [0, 1)")
+        self.needs(is_whole(noise_vocab),
                    f"data.noise_vocab={noise_vocab!r} must be a positive integer")

@@ -64,7 +64,7 @@ def test_the_test_set_holds_no_training_sequence(tmp_path):
     """In-context recall of 2 keys and 2 values in 4 pairs: 64 sequences in all, so a draw of 64 training
     sequences holds many of them; the test set is what is left, and none of it a training sequence."""
     data = prepare_task({"task": "in_context_recall", **SETS, "vocab_size": 4, "seq_len": 8, "cache_dir": tmp_path}, 8)
-    training = {tuple(row) for row in data.tokens(data.train[0], "cpu").tolist()}
+    training = {tuple(row) for row in data.train[0].tolist()}
     [(inputs, targets, level)] = data.eval_batches(1000, 1000, "cpu")
     assert level == "" and 0 < len(inputs) < 1000
     assert not training & {tuple(row) for row in inputs.tolist()}

@@ -40,22 +40,23 @@ def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor, s
     None for text) makes its accuracy count, as val_acc and val_acc/<level>; bytes_per_token (text's) makes val_bpb
     and val_ppl."""
     model.eval()
-    nats, routing, levels = 0.0, {}, {}
+    nats, targets, tokens, routing, levels = 0.0, 0, 0, {}, {}
     with autocast:
         for x, y, level in batches:
             logits = model(x)
             scored = y != IGNORE
-            nats += cross_entropy(logits, y).item() * scored.sum().item()
+            n_scored = scored.sum().item()
+            nats += cross_entropy(logits, y).item() * n_scored
+            targets, tokens = targets + n_scored, tokens + y.numel()
             if level is not None:
                 right, count = levels.get(level, (0, 0))
                 hits = (logits.argmax(-1)[scored] == y[scored]).sum().item()
-                levels[level] = (right + hits, count + scored.sum().item())
+                levels[level] = (right + hits, count + n_scored)
             for layer, moe in model.moe_layers().items():  # each block's loads and entropy, weighted by targets
                 load, entropy = routing.get(layer, (0, 0))
                 last = moe.last_routing()
                 routing[layer] = (load + last["load"] * y.numel(), entropy + last["entropy"] * y.numel())
     model.train()
-    targets = sum((y != IGNORE).sum().item() for _, y, _ in batches)
     metrics = {"val_loss": nats / targets}
     if bytes_per_token is not None:
         val_loss = metrics["val_loss"]
@@ -65,7 +66,6 @@ def evaluate(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor, s
         shares = {level: right / count for level, (right, count) in levels.items()}
         metrics["val_acc"] = sum(shares.values()) / len(shares)
         metrics |= {f"val_acc/{level}": share for level, share in shares.items() if level}
-    tokens = sum(y.numel() for _, y, _ in batches)
     return metrics | routing_metrics({layer: (load / tokens, entropy / tokens)
                                       for layer, (load, entropy) in routing.items()})
 
